@@ -1,0 +1,143 @@
+"""``certagent run``: startup -> serve until a stop signal -> drain -> shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+from typing import Any
+
+from agent.config import Settings
+from agent.control import ControlServer
+from agent.ensure import Ensurer, NegativeCache
+from agent.errors import AgentError, HAProxyError
+from agent.loader import HAProxyNames, Loader
+from agent.pool import SlotPool
+from agent.runtime.client import RuntimeClient, probe_identity
+from agent.store import open_store
+from agent.store.base import Store
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 5.0
+
+
+class Agent:
+    """Everything ``certagent run`` wires together, with no process-global state."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.client = RuntimeClient(
+            settings.haproxy_socket,
+            timeout=settings.haproxy_timeout,
+            bufsize=settings.haproxy_bufsize,
+        )
+        self.pool = SlotPool(settings.capacity, settings.slot_prefix)
+        self.loader = Loader(
+            self.client,
+            self.pool,
+            HAProxyNames(
+                crt_list=settings.crt_list,
+                map_path=settings.map_file,
+                usage_table=settings.usage_table,
+                usage_expire_ms=settings.usage_expire_ms,
+            ),
+            usage_refresh=settings.usage_refresh,
+            max_waiting=settings.max_waiting_loads,
+        )
+        self.ensurer = Ensurer(
+            store,
+            self.loader,
+            NegativeCache(settings.negative_ttl, settings.negative_cache_size),
+            load_deadline=settings.load_deadline,
+        )
+        self.control = ControlServer(settings.agent_socket, self.ensurer, self.status)
+
+    async def status(self) -> dict[str, Any]:
+        identity = self.loader.identity
+        try:
+            hits = await self.loader.hits_by_host()
+        except HAProxyError as exc:
+            log.warning("status: cannot read the usage table: %s", exc)
+            hits = {}
+        return {
+            "agent_pid": os.getpid(),
+            "haproxy_pid": identity.pid if identity else None,
+            "haproxy_version": identity.version if identity else None,
+            "capacity": self.pool.capacity,
+            "slots_used": len(self.pool),
+            "hosts_mapped": sum(len(s.hosts) for s in self.pool.slots),
+            "negative_cache": len(self.ensurer.negative),
+            "store": self.store.describe(),
+            "ensure": dataclasses.asdict(self.ensurer.counters),
+            "loader": dataclasses.asdict(self.loader.counters),
+            "slots": [
+                {
+                    "slot": s.name,
+                    "certificate": s.cert_id,
+                    "hosts": sorted(s.hosts),
+                    "connections": sum(hits.get(h, 0) for h in s.hosts),
+                }
+                for s in self.pool.slots
+            ],
+        }
+
+    async def watch_haproxy(self, stop: asyncio.Event) -> None:
+        """Notice reloads and restarts (new worker pid or start time) and resynchronise."""
+        interval = self.settings.watch_interval
+        while not stop.is_set():
+            try:
+                seen = await probe_identity(self.settings.haproxy_socket, timeout=interval * 4)
+            except HAProxyError as exc:
+                if self.loader.identity is not None:
+                    await self.loader.reset(f"HAProxy unreachable: {exc}")
+            else:
+                current = self.loader.identity
+                if current is not None and current != seen:
+                    await self.loader.reset(
+                        f"HAProxy pid {current.pid} -> {seen.pid} (reload or restart)"
+                    )
+                if self.loader.identity is None:
+                    try:
+                        await self.loader.sync()
+                    except AgentError as exc:
+                        log.warning("cannot synchronise with HAProxy yet: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+
+async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = open_store(settings.store, redis_prefix=settings.redis_prefix)
+    agent = Agent(settings, store)
+    try:
+        await store.ping()
+    except AgentError as exc:
+        log.warning("store %s not reachable yet: %s", store.describe(), exc)
+    await agent.control.start()
+    watcher = asyncio.create_task(agent.watch_haproxy(stop), name="watch-haproxy")
+    log.info(
+        "certagent running: capacity %d, store %s, HAProxy %s",
+        settings.capacity,
+        store.describe(),
+        settings.haproxy_socket,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await agent.control.close()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(watcher, DRAIN_SECONDS)
+        await agent.client.close()
+        await store.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,266 @@
+"""Puts certificates into HAProxy slots, keeping the loaded-hosts map in step.
+
+The loader is the only code that writes to HAProxy.  A load is a handful of
+commands that must not interleave with another load (2.6.12 has one global
+certificate transaction), so every load runs under one lock; a caller that
+cannot get it before its deadline gets :class:`~agent.errors.Busy` at once.
+
+Map discipline: a host is in the map only while its certificate is committed
+in a slot.  Recycling a slot removes the old hosts from the map *before* the
+new certificate is committed, and adds the new host only *after* the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.errors import AgentError, Busy, HAProxyError, WrongTransaction
+from agent.pool import Slot, SlotPool, last_seen_from_table
+from agent.runtime import protocol
+from agent.runtime.client import Identity, RuntimeClient
+from agent.store.base import StoredCertificate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HAProxyNames:
+    """Names the generated haproxy.cfg gives to what the agent edits."""
+
+    crt_list: str
+    map_path: str
+    usage_table: str
+    usage_expire_ms: int
+
+
+@dataclass
+class LoadCounters:
+    loads: int = 0
+    recycles: int = 0
+    map_only: int = 0
+    failures: int = 0
+    adoptions: int = 0
+    resets: int = 0
+
+
+class Loader:
+    def __init__(
+        self,
+        client: RuntimeClient,
+        pool: SlotPool,
+        names: HAProxyNames,
+        *,
+        usage_refresh: float = 0.25,
+        max_waiting: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.pool = pool
+        self.names = names
+        self.usage_refresh = usage_refresh
+        self.max_waiting = max_waiting
+        self.counters = LoadCounters()
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._waiting = 0
+        self._usage: dict[str, float] = {}
+        self._usage_at = float("-inf")
+
+    @property
+    def identity(self) -> Identity | None:
+        return self.client.identity
+
+    # --- session -------------------------------------------------------------------
+
+    async def sync(self) -> Identity:
+        """Connect if needed and adopt what HAProxy holds; returns the HAProxy identity."""
+        async with self._lock:
+            return await self._ensure_session()
+
+    async def reset(self, reason: str) -> None:
+        """Forget the connection and the pool; the next load reconnects and adopts."""
+        async with self._lock:
+            log.info("HAProxy session reset: %s", reason)
+            self.counters.resets += 1
+            await self.client.close()
+            self.pool.clear()
+            self._usage, self._usage_at = {}, float("-inf")
+
+    async def _ensure_session(self) -> Identity:
+        if self.client.connected and self.client.identity is not None:
+            return self.client.identity
+        self.pool.clear()
+        identity = await self.client.connect()
+        await self._adopt()
+        return identity
+
+    async def _adopt(self) -> None:
+        """Rebuild the pool from HAProxy: abort a stray transaction, read slots and map."""
+        c = self.client
+        certs = protocol.parse_show_ssl_cert(await c.execute("show", "ssl", "cert"))
+        if certs.transaction is not None:
+            log.warning("aborting stray certificate transaction on %s", certs.transaction)
+            protocol.check_abort_cert(
+                certs.transaction,
+                await c.execute_cert("abort", "ssl", "cert", certs.transaction),
+            )
+        in_list = set(
+            protocol.parse_show_crtlist(
+                await c.execute("show", "ssl", "crt-list", self.names.crt_list)
+            )
+        )
+        mapped: dict[str, list[str]] = {}
+        for host, slot_name in protocol.parse_show_map(
+            await c.execute("show", "map", self.names.map_path)
+        ):
+            mapped.setdefault(slot_name, []).append(host)
+        now = self._clock()
+        for name in certs.names:
+            if not self.pool.is_slot_name(name):
+                continue
+            if name not in in_list:
+                self.pool.add_spare(name)
+                continue
+            details = protocol.parse_cert_details(await c.execute("show", "ssl", "cert", name))
+            slot = Slot(name, details.fingerprint_sha1, None, set(mapped.pop(name, [])), now)
+            if self.pool.for_fingerprint(slot.fingerprint) is not None:
+                # Two slots with one certificate: keep one in the map, let LRU recycle the other.
+                await self._unmap(slot)
+                slot.fingerprint = f"duplicate:{name}"
+            self.pool.place(slot)
+        for stale_hosts in mapped.values():  # map entries pointing at no slot
+            for host in stale_hosts:
+                await self._del_map(host)
+        self.counters.adoptions += 1
+        log.info(
+            "adopted %d slots (%d hosts mapped) from HAProxy pid %s",
+            len(self.pool),
+            sum(len(s.hosts) for s in self.pool.slots),
+            c.identity.pid if c.identity else "?",
+        )
+
+    # --- loads ---------------------------------------------------------------------
+
+    async def install(self, host: str, cert: StoredCertificate, start_deadline: float) -> Slot:
+        """Make HAProxy serve ``cert`` for ``host``; Busy if the load cannot start in time."""
+        if self._waiting >= self.max_waiting:
+            raise Busy(f"{self._waiting} loads already waiting")
+        self._waiting += 1
+        try:
+            await asyncio.wait_for(self._lock.acquire(), start_deadline)
+        except TimeoutError as exc:
+            raise Busy(f"load of {host} could not start within {start_deadline:.2f}s") from exc
+        finally:
+            self._waiting -= 1
+        try:
+            await self._ensure_session()
+            return await self._install(host, cert)
+        except WrongTransaction:
+            self.counters.failures += 1
+            await self.client.close()  # reconnect + adopt aborts the foreign transaction
+            raise
+        except AgentError:
+            self.counters.failures += 1
+            raise
+        finally:
+            self._lock.release()
+
+    async def _install(self, host: str, cert: StoredCertificate) -> Slot:
+        bundle = cert.bundle
+        slot = self.pool.for_fingerprint(bundle.fingerprint_sha1)
+        if slot is not None:  # e.g. a wildcard already loaded for a sibling host
+            if host not in slot.hosts:
+                await self._add_map(host, slot)
+                self.counters.map_only += 1
+            return slot
+        old_owner = self.pool.for_host(host)
+        if old_owner is not None:  # host now belongs to another certificate
+            await self._del_map(host)
+            self.pool.remove_host(old_owner, host)
+        if self.pool.has_room():
+            name, known = self.pool.next_name()
+            if not known:
+                protocol.check_new_cert(name, await self.client.execute_cert("new", "ssl", "cert", name))
+                self.pool.add_spare(name)
+            await self._set_and_commit(name, bundle.pem)
+            protocol.check_add_crtlist(
+                self.names.crt_list,
+                name,
+                await self.client.execute_cert("add", "ssl", "crt-list", self.names.crt_list, name),
+            )
+            self.counters.loads += 1
+        else:
+            victim = self.pool.victim(await self._last_seen())
+            name = victim.name
+            await self._unmap(victim)
+            await self._set_and_commit(name, bundle.pem)
+            self.counters.loads += 1
+            self.counters.recycles += 1
+            log.debug("recycled %s for %s", name, host)
+        slot = Slot(name, bundle.fingerprint_sha1, cert.id, set(), self._clock())
+        self.pool.place(slot)
+        await self._add_map(host, slot)
+        return slot
+
+    async def _set_and_commit(self, name: str, pem: bytes) -> None:
+        c = self.client
+        try:
+            protocol.check_set_cert(
+                name, await c.execute_cert("set", "ssl", "cert", name, payload=pem)
+            )
+            protocol.check_commit_cert(name, await c.execute_cert("commit", "ssl", "cert", name))
+        except WrongTransaction:
+            raise
+        except HAProxyError:
+            await self._abort_quietly(name)
+            raise
+
+    async def _abort_quietly(self, name: str) -> None:
+        if not self.client.connected:
+            return
+        try:
+            reply = await self.client.execute_cert("abort", "ssl", "cert", name)
+        except HAProxyError as exc:
+            log.warning("abort ssl cert %s after a failed load: %s", name, exc)
+            return
+        log.info("aborted transaction on %s after a failed load: %s", name, reply[:120])
+
+    async def _unmap(self, slot: Slot) -> None:
+        for host in sorted(slot.hosts):
+            await self._del_map(host)
+        self.pool.drop_hosts(slot)
+
+    async def _add_map(self, host: str, slot: Slot) -> None:
+        protocol.check_empty(
+            "add map",
+            await self.client.execute("add", "map", self.names.map_path, host, slot.name),
+        )
+        self.pool.add_host(slot, host)
+
+    async def _del_map(self, host: str) -> None:
+        protocol.check_del_map(
+            "del map", await self.client.execute("del", "map", self.names.map_path, host)
+        )
+
+    async def _last_seen(self) -> dict[str, float]:
+        now = self._clock()
+        if now - self._usage_at >= self.usage_refresh:
+            reply = await self.client.execute("show", "table", self.names.usage_table)
+            entries = protocol.parse_show_table(reply)
+            self._usage = last_seen_from_table(
+                ((e.key, e.expire_ms) for e in entries), self.names.usage_expire_ms, now
+            )
+            self._usage_at = now
+        return self._usage
+
+    async def hits_by_host(self) -> dict[str, int]:
+        """Connection counts per tracked host (for ``status``)."""
+        async with self._lock:
+            if not self.client.connected:
+                return {}
+            reply = await self.client.execute("show", "table", self.names.usage_table)
+        return {e.key: e.conn_cnt or 0 for e in protocol.parse_show_table(reply)}

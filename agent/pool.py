@@ -1,0 +1,143 @@
+"""The slot pool: which certificate sits in which crt-list slot, and which slot to recycle.
+
+Pure bookkeeping, no I/O.  HAProxy 2.6 leaks the whole instance on
+``del ssl crt-list``, so the agent never deletes: it grows up to ``capacity``
+crt-list entries (slots) and then rewrites the least recently used slot with
+``set ssl cert`` + ``commit ssl cert``.  A slot is identified by its name
+(``/certagent/slot-0001.pem``); the certificate in it by the SHA-1 fingerprint
+of its leaf, which is also what ``show ssl cert <slot>`` prints, so slots can be
+adopted after an agent restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Slot:
+    name: str
+    fingerprint: str
+    cert_id: str | None
+    hosts: set[str] = field(default_factory=set)
+    loaded_at: float = 0.0
+    hits: int = 0
+
+
+class SlotPool:
+    def __init__(self, capacity: int, prefix: str) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.prefix = prefix
+        self._slots: dict[str, Slot] = {}
+        self._by_fingerprint: dict[str, Slot] = {}
+        self._by_host: dict[str, Slot] = {}
+        self._spare: list[str] = []  # slot names HAProxy knows but no crt-list line uses
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        return tuple(self._slots.values())
+
+    def clear(self) -> None:
+        self._slots.clear()
+        self._by_fingerprint.clear()
+        self._by_host.clear()
+        self._spare.clear()
+
+    def slot_name(self, number: int) -> str:
+        return f"{self.prefix}{number:05d}.pem"
+
+    def is_slot_name(self, name: str) -> bool:
+        return name.startswith(self.prefix)
+
+    def for_host(self, host: str) -> Slot | None:
+        return self._by_host.get(host)
+
+    def for_fingerprint(self, fingerprint: str) -> Slot | None:
+        return self._by_fingerprint.get(fingerprint)
+
+    def has_room(self) -> bool:
+        return len(self._slots) < self.capacity
+
+    def next_name(self) -> tuple[str, bool]:
+        """A slot name to grow into, and whether HAProxy already knows it (no ``new ssl cert``)."""
+        if self._spare:
+            return self._spare[0], True
+        used = set(self._slots)
+        number = 1
+        while self.slot_name(number) in used:
+            number += 1
+        return self.slot_name(number), False
+
+    def add_spare(self, name: str) -> None:
+        if name not in self._slots and name not in self._spare:
+            self._spare.append(name)
+
+    def place(self, slot: Slot) -> None:
+        """Record ``slot`` (new, adopted or recycled) with its certificate and hosts."""
+        old = self._slots.get(slot.name)
+        if old is not None:
+            self._forget(old)
+        if slot.name in self._spare:
+            self._spare.remove(slot.name)
+        self._slots[slot.name] = slot
+        self._by_fingerprint[slot.fingerprint] = slot
+        for host in slot.hosts:
+            self._by_host[host] = slot
+
+    def add_host(self, slot: Slot, host: str) -> None:
+        slot.hosts.add(host)
+        self._by_host[host] = slot
+
+    def remove_host(self, slot: Slot, host: str) -> None:
+        slot.hosts.discard(host)
+        if self._by_host.get(host) is slot:
+            del self._by_host[host]
+
+    def drop_hosts(self, slot: Slot) -> None:
+        for host in list(slot.hosts):
+            self.remove_host(slot, host)
+
+    def _forget(self, slot: Slot) -> None:
+        if self._by_fingerprint.get(slot.fingerprint) is slot:
+            del self._by_fingerprint[slot.fingerprint]
+        for host in slot.hosts:
+            if self._by_host.get(host) is slot:
+                del self._by_host[host]
+
+    def victim(self, last_seen: Mapping[str, float]) -> Slot:
+        """The slot least recently used by real traffic.
+
+        ``last_seen`` maps hostnames to the time of their last connection (from
+        HAProxy's stick-table); a slot's recency is the latest of those for its
+        hosts and its own load time, so a slot loaded a moment ago is not taken
+        before its first connection shows in the table.
+        """
+        if not self._slots:
+            raise LookupError("no slot to recycle")
+        return min(self._slots.values(), key=lambda s: recency(s, last_seen))
+
+
+def recency(slot: Slot, last_seen: Mapping[str, float]) -> float:
+    return max([slot.loaded_at, *(last_seen.get(h, 0.0) for h in slot.hosts)])
+
+
+def last_seen_from_table(
+    entries: Iterable[tuple[str, int | None]], expire_ms: int, now: float
+) -> dict[str, float]:
+    """Turn stick-table ``(key, exp ms left)`` pairs into ``host -> last seen (s)``.
+
+    Each connection refreshes an entry's expiry to the table's ``expire``, so the
+    time since the last connection is ``expire - exp``.
+    """
+    seen: dict[str, float] = {}
+    for key, exp_left in entries:
+        if exp_left is None:
+            continue
+        seen[key] = now - max(0, expire_ms - exp_left) / 1000.0
+    return seen

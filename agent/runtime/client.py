@@ -1,0 +1,165 @@
+"""One long-lived runtime-API connection in prompt mode.
+
+Exactly one :class:`RuntimeClient` writes to an HAProxy: HAProxy 2.6.12 has a
+single process-wide certificate transaction and silently merges a second
+writer's ``set ssl cert`` into the first one's.  The client runs one command at
+a time; callers that need several commands to stay together (a slot load) hold
+their own lock around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from agent.errors import HAProxyError, HAProxyTimeout, HAProxyUnavailable, Locked
+from agent.runtime import protocol
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which HAProxy process a connection talks to; changes on reload and restart."""
+
+    pid: int
+    start_time: int
+    version: str
+
+
+def identity_from_info(info: dict[str, str]) -> Identity:
+    try:
+        return Identity(int(info["Pid"]), int(info.get("Start_time_sec", "0")), info.get("Version", "?"))
+    except ValueError as exc:
+        raise HAProxyError(f"unexpected 'show info' values: Pid={info.get('Pid')!r}") from exc
+
+
+class RuntimeClient:
+    def __init__(
+        self,
+        path: str,
+        *,
+        timeout: float = 5.0,
+        bufsize: int = protocol.DEFAULT_BUFSIZE,
+        locked_retries: int = 6,
+    ) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.bufsize = bufsize
+        self.locked_retries = locked_retries
+        self.identity: Identity | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._splitter = protocol.ReplySplitter()
+        self._lock = asyncio.Lock()
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self) -> Identity:
+        await self.close()
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(self.path), self.timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise HAProxyUnavailable(
+                f"cannot connect to HAProxy runtime socket {self.path}: {exc}; "
+                "is HAProxy running with 'stats socket ... level admin'?"
+            ) from exc
+        self._splitter = protocol.ReplySplitter()
+        await self.execute("prompt")
+        self.identity = identity_from_info(protocol.parse_show_info(await self.execute("show", "info")))
+        log.info("connected to HAProxy %s pid %d via %s", self.identity.version, self.identity.pid, self.path)
+        return self.identity
+
+    async def close(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        self.identity = None
+        if writer is not None:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError as exc:
+                log.debug("closing runtime socket: %s", exc)
+
+    async def execute(self, *args: str, payload: bytes | None = None) -> str:
+        """Send one command, return its reply text (continuation prompts removed)."""
+        data = protocol.encode(*args, payload=payload, bufsize=self.bufsize)
+        # Arguments only: a payload (certificate + private key) is never logged.
+        log.debug("runtime-api> %s%s", " ".join(args), " <<payload" if payload else "")
+        async with self._lock:
+            if self._writer is None or self._reader is None:
+                raise HAProxyUnavailable("not connected to the HAProxy runtime socket")
+            try:
+                self._writer.write(data)
+                await asyncio.wait_for(self._writer.drain(), self.timeout)
+                return await asyncio.wait_for(self._read_reply(self._reader), self.timeout)
+            except TimeoutError as exc:
+                await self.close()
+                raise HAProxyTimeout(f"HAProxy did not answer {args[0]} {args[1:2]} in {self.timeout}s") from exc
+            except (OSError, EOFError) as exc:
+                await self.close()
+                raise HAProxyUnavailable(f"HAProxy runtime connection lost: {exc}") from exc
+
+    async def _read_reply(self, reader: asyncio.StreamReader) -> str:
+        replies = self._splitter.feed(b"")
+        for reply in replies:
+            return reply
+        while True:
+            chunk = await reader.read(_READ_CHUNK)
+            if not chunk:
+                raise EOFError("HAProxy closed the runtime connection (payload over tune.bufsize?)")
+            for reply in self._splitter.feed(chunk):
+                if self._splitter.pending:
+                    raise HAProxyError("HAProxy sent more than one reply for one command")
+                return reply
+
+    async def execute_cert(self, *args: str, payload: bytes | None = None) -> str:
+        """Like :meth:`execute` for certificate commands: retry ``currently locked`` with backoff."""
+        delay = 0.01
+        for attempt in range(self.locked_retries + 1):
+            reply = await self.execute(*args, payload=payload)
+            if protocol.LOCKED not in reply or attempt == self.locked_retries:
+                return reply
+            log.warning("HAProxy certificate operations locked; retrying in %.0f ms", delay * 1000)
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise Locked(" ".join(args), protocol.LOCKED)  # pragma: no cover - loop always returns
+
+
+async def probe_identity(path: str, timeout: float = 2.0) -> Identity:
+    """Ask HAProxy who it is over a fresh, read-only connection (``show info``).
+
+    Used by the restart watcher: the writer's own connection keeps talking to
+    an old worker after a reload, so only a new connection sees the new one.
+    """
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+    except (OSError, TimeoutError) as exc:
+        raise HAProxyUnavailable(f"cannot connect to {path}: {exc}") from exc
+    try:
+        writer.write(b"show info\n")
+        data = await asyncio.wait_for(reader.read(), timeout)
+    except (OSError, TimeoutError) as exc:
+        raise HAProxyUnavailable(f"'show info' on {path} failed: {exc}") from exc
+    finally:
+        writer.close()
+    return identity_from_info(protocol.parse_show_info(data.decode("utf-8", errors="replace")))
+
+
+async def query(path: str, *args: str, timeout: float = 5.0) -> str:
+    """Run one read-only command over a fresh connection (``check``, diagnostics)."""
+    data = protocol.encode(*args)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+        writer.write(data)
+        raw = await asyncio.wait_for(reader.read(), timeout)
+        writer.close()
+    except (OSError, TimeoutError) as exc:
+        raise HAProxyUnavailable(f"{args[0]} {' '.join(args[1:3])} on {path} failed: {exc}") from exc
+    return raw.decode("utf-8", errors="replace")

@@ -1,0 +1,54 @@
+-- certagent: ask the agent to load the certificate for this connection's SNI.
+--
+-- Used from the public `mode tcp` frontend, only for hosts not yet in the
+-- loaded map:
+--   tcp-request content lua.certagent_ensure <agent socket> <timeout ms> if ...
+-- Sets txn.certagent to the outcome: ok | unknown | busy | invalid | error |
+-- nosni | down | timeout.  Anything but "ok" means the client gets the
+-- configured fallback (default certificate, or reject).  All logic lives in
+-- the agent; this file only validates, asks and records.
+
+local ANSWERS = { ok = true, unknown = true, busy = true, invalid = true, error = true }
+
+-- LDH labels, at least two, 253 characters at most (already lowercased).
+local function valid_hostname(name)
+  if #name == 0 or #name > 253 then return false end
+  local labels = 0
+  for label in (name .. "."):gmatch("([^.]*)%.") do
+    if #label == 0 or #label > 63 then return false end
+    if not label:find("^[a-z0-9][a-z0-9-]*$") then return false end
+    if label:sub(-1) == "-" then return false end
+    labels = labels + 1
+  end
+  return labels >= 2
+end
+
+core.register_action("certagent_ensure", { "tcp-req" }, function(txn, socket_path, timeout_ms)
+  local sni = txn.f:req_ssl_sni()
+  if sni == nil or sni == "" then
+    txn:set_var("txn.certagent", "nosni")
+    return
+  end
+  sni = sni:lower()
+  if not valid_hostname(sni) then
+    txn:set_var("txn.certagent", "invalid")
+    return
+  end
+  local sock = core.tcp()
+  sock:settimeout((tonumber(timeout_ms) or 3000) / 1000)
+  if not sock:connect("unix@" .. socket_path) then
+    sock:close()
+    txn:set_var("txn.certagent", "down")
+    return
+  end
+  local answer = nil
+  if sock:send("ensure " .. sni .. "\n") then
+    answer = sock:receive("*l")
+  end
+  sock:close()
+  if answer ~= nil and ANSWERS[answer] then
+    txn:set_var("txn.certagent", answer)
+  else
+    txn:set_var("txn.certagent", "timeout")
+  end
+end, 2)
