@@ -1,4 +1,7 @@
-"""Command line: ``certagent init | run | check | status``.  The only place that configures logging."""
+"""Command line: ``certagent init | run | check | status``.
+
+The only place that configures logging.
+"""
 
 from __future__ import annotations
 
@@ -19,43 +22,80 @@ from agent.store import open_store
 
 log = logging.getLogger("agent")
 
-CONFIG_HELP = "certagent.toml written by 'certagent init' (keys can be overridden by CERTAGENT_* variables)"
+CONFIG_HELP = (
+    "certagent.toml written by 'certagent init' (keys can be overridden by CERTAGENT_* variables)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="certagent",
-        description="Lazy-load TLS certificates into HAProxy 2.x on the first connection that names a host.",
+        description="Lazy-load TLS certificates into HAProxy 2.x on the first connection "
+        "that names a host.",
     )
     p.add_argument("--version", action="version", version=f"certagent {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    pi = sub.add_parser("init", help="write a working haproxy.cfg + certagent.toml setup into DIR",
-                        description="Write into DIR: haproxy.cfg, certagent.toml, certagent.lua, an empty "
-                        "crt-list and map, and a self-signed default certificate. Then run "
-                        "'haproxy -W -db -f DIR/haproxy.cfg' and 'certagent run --config DIR/certagent.toml'.")
+    pi = sub.add_parser(
+        "init",
+        help="write a working haproxy.cfg + certagent.toml setup into DIR",
+        description="Write into DIR: haproxy.cfg, certagent.toml, certagent.lua, an empty "
+        "crt-list and map, and a self-signed default certificate. Then run "
+        "'haproxy -W -db -f DIR/haproxy.cfg' and 'certagent run --config DIR/certagent.toml'.",
+    )
     pi.add_argument("directory", metavar="DIR", type=Path)
-    pi.add_argument("--bind", required=True, metavar="ADDR:PORT", help="public TLS address, e.g. 127.0.0.1:8443")
-    pi.add_argument("--store", required=True, metavar="URL",
-                    help="redis://HOST:PORT/DB, or file:///DIR (or a plain directory path)")
-    pi.add_argument("--capacity", type=int, default=1000, metavar="K",
-                    help="most certificates HAProxy holds at once (default 1000)")
-    pi.add_argument("--fallback", choices=config.FALLBACKS, default="default-cert",
-                    help="when no certificate can be loaded: serve the default certificate, or close")
-    pi.add_argument("--backend", metavar="ADDR:PORT",
-                    help="where decrypted HTTP goes (default: a built-in '200 ok' responder)")
-    pi.add_argument("--run-dir", type=Path, metavar="DIR",
-                    help="directory for the unix sockets (default DIR/run)")
+    pi.add_argument(
+        "--bind", required=True, metavar="ADDR:PORT", help="public TLS address, e.g. 127.0.0.1:8443"
+    )
+    pi.add_argument(
+        "--store",
+        required=True,
+        metavar="URL",
+        help="redis://HOST:PORT/DB, or file:///DIR (or a plain directory path)",
+    )
+    pi.add_argument(
+        "--capacity",
+        type=int,
+        default=1000,
+        metavar="K",
+        help="most certificates HAProxy holds at once (default 1000)",
+    )
+    pi.add_argument(
+        "--fallback",
+        choices=config.FALLBACKS,
+        default="default-cert",
+        help="when no certificate can be loaded: serve the default certificate, or close",
+    )
+    pi.add_argument(
+        "--backend",
+        metavar="ADDR:PORT",
+        help="where decrypted HTTP goes (default: a built-in '200 ok' responder)",
+    )
+    pi.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory for the unix sockets (default DIR/run)",
+    )
 
-    pr = sub.add_parser("run", help="run the agent daemon", description="Run the agent until SIGTERM/SIGINT.")
+    pr = sub.add_parser(
+        "run", help="run the agent daemon", description="Run the agent until SIGTERM/SIGINT."
+    )
     pr.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
 
-    pc = sub.add_parser("check", help="exit 0 if HAProxy, the store and the config are usable, else 1",
-                        description="Check the config, HAProxy's runtime socket (crt-list and map known) and the store.")
+    pc = sub.add_parser(
+        "check",
+        help="exit 0 if HAProxy, the store and the config are usable, else 1",
+        description="Check the config, HAProxy's runtime socket (crt-list and map known) "
+        "and the store.",
+    )
     pc.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
 
-    ps = sub.add_parser("status", help="ask the running agent: pool usage, counters, HAProxy pid",
-                        description="Ask the running agent over its unix socket.")
+    ps = sub.add_parser(
+        "status",
+        help="ask the running agent: pool usage, counters, HAProxy pid",
+        description="Ask the running agent over its unix socket.",
+    )
     ps.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     ps.add_argument("--json", action="store_true", help="print the raw JSON")
     return p
@@ -86,7 +126,9 @@ async def _check(settings: config.Settings) -> bool:
             ok = False
         else:
             print(f"ok    map {settings.map_file}")
-        protocol.parse_show_table(await query(settings.haproxy_socket, "show", "table", settings.usage_table))
+        protocol.parse_show_table(
+            await query(settings.haproxy_socket, "show", "table", settings.usage_table)
+        )
     except AgentError as exc:
         print(f"FAIL  HAProxy: {exc}")
         ok = False
@@ -104,12 +146,16 @@ async def _check(settings: config.Settings) -> bool:
 
 async def _status(settings: config.Settings) -> dict[str, Any]:
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(settings.agent_socket), 2)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(settings.agent_socket), 2
+        )
         writer.write(b"status\n")
         line = await asyncio.wait_for(reader.readline(), 10)
         writer.close()
     except (OSError, TimeoutError) as exc:
-        raise AgentError(f"agent not reachable at {settings.agent_socket}: {exc}; is 'certagent run' up?") from exc
+        raise AgentError(
+            f"agent not reachable at {settings.agent_socket}: {exc}; is 'certagent run' up?"
+        ) from exc
     result: dict[str, Any] = json.loads(line)
     return result
 
@@ -119,19 +165,35 @@ def _print_status(st: dict[str, Any]) -> None:
     print(f"agent pid      {st['agent_pid']}")
     print(f"haproxy        pid {st['haproxy_pid']} ({st['haproxy_version']})")
     print(f"store          {st['store']}")
-    print(f"slots          {st['slots_used']} / {st['capacity']} ({st['hosts_mapped']} hosts mapped)")
-    print(f"requests       {e['requests']}: hits {e['hits']}, loaded {e['loaded']}, unknown {e['unknown']}"
-          f" (+{e['negative_hits']} cached), busy {e['busy']}, invalid {e['invalid']}, errors {e['errors']}")
-    print(f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots, {ld['map_only']} map-only),"
-          f" failures {ld['failures']}, resyncs {ld['resets']}")
+    print(
+        f"slots          {st['slots_used']} / {st['capacity']} ({st['hosts_mapped']} hosts mapped)"
+    )
+    print(
+        f"requests       {e['requests']}: hits {e['hits']}, loaded {e['loaded']},"
+        f" unknown {e['unknown']} (+{e['negative_hits']} cached), busy {e['busy']},"
+        f" invalid {e['invalid']}, errors {e['errors']}"
+    )
+    print(
+        f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots,"
+        f" {ld['map_only']} map-only), failures {ld['failures']}, resyncs {ld['resets']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "init":
-            settings = init(InitOptions(args.directory, args.bind, args.store, args.capacity,
-                                        args.fallback, args.backend, args.run_dir))
+            settings = init(
+                InitOptions(
+                    args.directory,
+                    args.bind,
+                    args.store,
+                    args.capacity,
+                    args.fallback,
+                    args.backend,
+                    args.run_dir,
+                )
+            )
             d = args.directory.resolve()
             print(f"wrote {d}/haproxy.cfg and {d}/certagent.toml (store {settings.store})")
             print(f"start:  haproxy -W -db -f {d}/haproxy.cfg")

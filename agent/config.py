@@ -61,7 +61,9 @@ class Settings:
         if self.capacity < 1:
             raise ConfigError("capacity must be at least 1")
         if self.fallback not in FALLBACKS:
-            raise ConfigError(f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}")
+            raise ConfigError(
+                f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
+            )
         if self.load_deadline <= 0 or self.haproxy_timeout <= 0 or self.watch_interval <= 0:
             raise ConfigError("load_deadline, haproxy_timeout and watch_interval must be positive")
         if not self.slot_prefix.startswith("/") or any(
@@ -102,7 +104,9 @@ def load(path: str | Path | None, environ: Mapping[str, str] | None = None) -> S
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
         except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} not found; create it with 'certagent init'") from exc
+            raise ConfigError(
+                f"config file {path} not found; create it with 'certagent init'"
+            ) from exc
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         for key, value in data.items():

@@ -184,7 +184,9 @@ class Loader:
         if self.pool.has_room():
             name, known = self.pool.next_name()
             if not known:
-                protocol.check_new_cert(name, await self.client.execute_cert("new", "ssl", "cert", name))
+                protocol.check_new_cert(
+                    name, await self.client.execute_cert("new", "ssl", "cert", name)
+                )
                 self.pool.add_spare(name)
             await self._set_and_commit(name, bundle.pem)
             protocol.check_add_crtlist(

@@ -32,7 +32,9 @@ class Identity:
 
 def identity_from_info(info: dict[str, str]) -> Identity:
     try:
-        return Identity(int(info["Pid"]), int(info.get("Start_time_sec", "0")), info.get("Version", "?"))
+        return Identity(
+            int(info["Pid"]), int(info.get("Start_time_sec", "0")), info.get("Version", "?")
+        )
     except ValueError as exc:
         raise HAProxyError(f"unexpected 'show info' values: Pid={info.get('Pid')!r}") from exc
 
@@ -73,8 +75,15 @@ class RuntimeClient:
             ) from exc
         self._splitter = protocol.ReplySplitter()
         await self.execute("prompt")
-        self.identity = identity_from_info(protocol.parse_show_info(await self.execute("show", "info")))
-        log.info("connected to HAProxy %s pid %d via %s", self.identity.version, self.identity.pid, self.path)
+        self.identity = identity_from_info(
+            protocol.parse_show_info(await self.execute("show", "info"))
+        )
+        log.info(
+            "connected to HAProxy %s pid %d via %s",
+            self.identity.version,
+            self.identity.pid,
+            self.path,
+        )
         return self.identity
 
     async def close(self) -> None:
@@ -101,7 +110,9 @@ class RuntimeClient:
                 return await asyncio.wait_for(self._read_reply(self._reader), self.timeout)
             except TimeoutError as exc:
                 await self.close()
-                raise HAProxyTimeout(f"HAProxy did not answer {args[0]} {args[1:2]} in {self.timeout}s") from exc
+                raise HAProxyTimeout(
+                    f"HAProxy did not answer {args[0]} {args[1:2]} in {self.timeout}s"
+                ) from exc
             except (OSError, EOFError) as exc:
                 await self.close()
                 raise HAProxyUnavailable(f"HAProxy runtime connection lost: {exc}") from exc
@@ -120,7 +131,7 @@ class RuntimeClient:
                 return reply
 
     async def execute_cert(self, *args: str, payload: bytes | None = None) -> str:
-        """Like :meth:`execute` for certificate commands: retry ``currently locked`` with backoff."""
+        """Like :meth:`execute`, retrying ``currently locked`` with backoff."""
         delay = 0.01
         for attempt in range(self.locked_retries + 1):
             reply = await self.execute(*args, payload=payload)
@@ -161,5 +172,7 @@ async def query(path: str, *args: str, timeout: float = 5.0) -> str:
         raw = await asyncio.wait_for(reader.read(), timeout)
         writer.close()
     except (OSError, TimeoutError) as exc:
-        raise HAProxyUnavailable(f"{args[0]} {' '.join(args[1:3])} on {path} failed: {exc}") from exc
+        raise HAProxyUnavailable(
+            f"{args[0]} {' '.join(args[1:3])} on {path} failed: {exc}"
+        ) from exc
     return raw.decode("utf-8", errors="replace")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from agent import hostname
 from agent.errors import CertificateError, StoreCorrupt
@@ -120,4 +120,10 @@ def redact_url(url: str) -> str:
         query = urlencode(
             [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*"
         )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # Not urlunsplit: it turns "unix:///path" into "unix:/path".
+    redacted = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc + parts.path
+    if query:
+        redacted += "?" + query
+    if parts.fragment:
+        redacted += "#" + parts.fragment
+    return redacted

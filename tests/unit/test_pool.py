@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import pytest
+
+from agent.pool import Slot, SlotPool, last_seen_from_table, recency
+
+PREFIX = "/certagent/slot-"
+
+
+def slot(pool: SlotPool, n: int, fp: str, *hosts: str, at: float = 0.0) -> Slot:
+    s = Slot(pool.slot_name(n), fp, f"id-{fp}", set(hosts), at)
+    pool.place(s)
+    return s
+
+
+def test_grows_to_capacity_with_fresh_names() -> None:
+    pool = SlotPool(2, PREFIX)
+    assert pool.has_room()
+    assert pool.next_name() == ("/certagent/slot-00001.pem", False)
+    slot(pool, 1, "A", "a.test")
+    assert pool.next_name() == ("/certagent/slot-00002.pem", False)
+    slot(pool, 2, "B", "b.test")
+    assert not pool.has_room()
+    assert len(pool) == 2
+
+
+def test_spare_names_are_reused_before_new_ones() -> None:
+    pool = SlotPool(3, PREFIX)
+    pool.add_spare("/certagent/slot-00007.pem")
+    assert pool.next_name() == ("/certagent/slot-00007.pem", True)
+    pool.place(Slot("/certagent/slot-00007.pem", "A", None, {"a.test"}))
+    assert pool.next_name() == ("/certagent/slot-00001.pem", False)
+
+
+def test_lookup_by_host_and_fingerprint() -> None:
+    pool = SlotPool(5, PREFIX)
+    s = slot(pool, 1, "W", "a.w.test")
+    pool.add_host(s, "b.w.test")
+    assert pool.for_host("b.w.test") is s
+    assert pool.for_fingerprint("W") is s
+    assert pool.for_host("c.w.test") is None
+
+
+def test_recycling_a_slot_forgets_its_old_certificate_and_hosts() -> None:
+    pool = SlotPool(1, PREFIX)
+    old = slot(pool, 1, "A", "a.test", "a2.test")
+    pool.drop_hosts(old)
+    new = Slot(old.name, "B", "id-B", {"b.test"}, 5.0)
+    pool.place(new)
+    assert pool.for_host("a.test") is None
+    assert pool.for_host("a2.test") is None
+    assert pool.for_fingerprint("A") is None
+    assert pool.for_host("b.test") is new
+    assert pool.slots == (new,)
+
+
+def test_place_over_an_existing_slot_without_drop_also_forgets() -> None:
+    pool = SlotPool(1, PREFIX)
+    slot(pool, 1, "A", "a.test")
+    new = slot(pool, 1, "B", "b.test")
+    assert pool.for_host("a.test") is None
+    assert pool.for_fingerprint("B") is new
+
+
+def test_remove_host_only_touches_that_host() -> None:
+    pool = SlotPool(2, PREFIX)
+    s = slot(pool, 1, "A", "a.test", "b.test")
+    pool.remove_host(s, "a.test")
+    assert s.hosts == {"b.test"}
+    assert pool.for_host("a.test") is None
+    assert pool.for_host("b.test") is s
+
+
+def test_victim_is_least_recently_used_by_traffic() -> None:
+    pool = SlotPool(3, PREFIX)
+    hot = slot(pool, 1, "A", "hot.test", at=0.0)
+    slot(pool, 2, "B", "cold.test", at=1.0)
+    fresh = slot(pool, 3, "C", "new.test", at=50.0)
+    seen = {"hot.test": 99.0, "cold.test": 2.0}
+    victim = pool.victim(seen)
+    assert victim.fingerprint == "B"
+    assert recency(hot, seen) == 99.0
+    assert recency(fresh, seen) == 50.0  # load time protects a slot not yet in the table
+
+
+def test_victim_counts_any_host_of_a_wildcard_slot() -> None:
+    pool = SlotPool(2, PREFIX)
+    w = slot(pool, 1, "W", "a.w.test", at=0.0)
+    pool.add_host(w, "b.w.test")
+    slot(pool, 2, "X", "x.test", at=10.0)
+    assert pool.victim({"b.w.test": 20.0}).fingerprint == "X"
+
+
+def test_victim_of_empty_pool() -> None:
+    with pytest.raises(LookupError):
+        SlotPool(1, PREFIX).victim({})
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SlotPool(0, PREFIX)
+
+
+def test_clear() -> None:
+    pool = SlotPool(2, PREFIX)
+    slot(pool, 1, "A", "a.test")
+    pool.add_spare("/certagent/slot-00009.pem")
+    pool.clear()
+    assert len(pool) == 0
+    assert pool.for_host("a.test") is None
+    assert pool.next_name() == ("/certagent/slot-00001.pem", False)
+
+
+def test_last_seen_from_table() -> None:
+    seen = last_seen_from_table(
+        [("a.test", 3_600_000), ("b.test", 3_590_000), ("c.test", None), ("d.test", 4_000_000)],
+        expire_ms=3_600_000,
+        now=1000.0,
+    )
+    assert seen == {"a.test": 1000.0, "b.test": 990.0, "d.test": 1000.0}
