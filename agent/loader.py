@@ -18,13 +18,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.errors import AgentError, Busy, HAProxyError, WrongTransaction
+from agent.errors import AgentError, Busy, HAProxyError, HAProxyUnavailable, WrongTransaction
 from agent.pool import Slot, SlotPool, last_seen_from_table
 from agent.runtime import protocol
 from agent.runtime.client import Identity, RuntimeClient
 from agent.store.base import StoredCertificate
 
 log = logging.getLogger(__name__)
+
+# Reconnect backoff after a failed connection to the runtime socket (seconds).
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Loader:
         self._waiting = 0
         self._usage: dict[str, float] = {}
         self._usage_at = float("-inf")
+        self._retry_at = float("-inf")
+        self._backoff = RECONNECT_MIN
 
     @property
     def identity(self) -> Identity | None:
@@ -89,13 +95,26 @@ class Loader:
             await self.client.close()
             self.pool.clear()
             self._usage, self._usage_at = {}, float("-inf")
+            self._retry_at, self._backoff = float("-inf"), RECONNECT_MIN
 
     async def _ensure_session(self) -> Identity:
         if self.client.connected and self.client.identity is not None:
             return self.client.identity
         self.pool.clear()
-        identity = await self.client.connect()
-        await self._adopt()
+        now = self._clock()
+        if now < self._retry_at:
+            raise HAProxyUnavailable(
+                f"HAProxy runtime socket unreachable; next attempt in {self._retry_at - now:.2f}s"
+            )
+        try:
+            identity = await self.client.connect()
+            await self._adopt()
+        except HAProxyError:
+            await self.client.close()
+            self._retry_at = now + self._backoff
+            self._backoff = min(self._backoff * 2, RECONNECT_MAX)
+            raise
+        self._backoff = RECONNECT_MIN
         return identity
 
     async def _adopt(self) -> None:
