@@ -70,7 +70,7 @@ def cert_pem(cert: x509.Certificate) -> bytes:
 
 
 def key_pem(key: Key, fmt: KeyFormat = "pkcs8", password: bytes | None = None) -> bytes:
-    """``PRIVATE KEY`` (pkcs8) or ``EC/RSA PRIVATE KEY`` (traditional), encrypted if ``password``."""
+    """``PRIVATE KEY`` (pkcs8) or ``EC/RSA PRIVATE KEY`` (traditional), maybe encrypted."""
     encryption: serialization.KeySerializationEncryption = (
         serialization.BestAvailableEncryption(password)
         if password
@@ -93,7 +93,11 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _ca_cert(
-    subject: str, key: Key, issuer: x509.Certificate | None, issuer_key: Key, path_length: int | None
+    subject: str,
+    key: Key,
+    issuer: x509.Certificate | None,
+    issuer_key: Key,
+    path_length: int | None,
 ) -> x509.Certificate:
     now = _now()
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())

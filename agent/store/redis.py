@@ -120,7 +120,7 @@ class RedisStore:
             try:
                 pem = _bytes(await self._client.hget(self._keys.cert(cert_id), FIELD_PEM))
             except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("WRONGTYPE"):
+                if not _wrong_type(exc):
                     raise
                 pem = None
         if pem is None:
@@ -153,7 +153,12 @@ class RedisStore:
         async with self._client.pipeline(transaction=True) as pipe:
             # WATCH the record, read the names it had, then write in one MULTI/EXEC.
             await pipe.watch(cert_key)
-            old = _bytes(await pipe.hget(cert_key, FIELD_NAMES))
+            try:
+                old = _bytes(await pipe.hget(cert_key, FIELD_NAMES))
+            except redis.exceptions.ResponseError as exc:
+                if not _wrong_type(exc):
+                    raise
+                old = None  # not a hash: overwritten below
             stale_keys = [self._keys.name(n) for n in _stale_names(old, bundle.names)]
             if stale_keys:
                 # Only drop stale name entries that still point to this record.
@@ -183,6 +188,10 @@ class RedisStore:
             raise StoreUnavailable(f"{self._url}: {action} failed: {exc}") from exc
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"{self._url}: {action} failed: {exc}") from exc
+
+
+def _wrong_type(exc: redis.exceptions.ResponseError) -> bool:
+    return str(exc).startswith("WRONGTYPE")
 
 
 def _bytes(value: bytes | str | None) -> bytes | None:

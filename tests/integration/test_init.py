@@ -35,7 +35,9 @@ def test_generated_config_is_valid_haproxy(
     assert "send-proxy-v2" in cfg
     assert "abns@" not in cfg
     assert ("tcp-request content reject if { var(txn.certagent)" in cfg) == (fallback == "reject")
-    assert (f"server app {backend}" in cfg) if backend else ("http-request return status 200" in cfg)
+    assert (
+        (f"server app {backend}" in cfg) if backend else ("http-request return status 200" in cfg)
+    )
     assert config.load(d / "certagent.toml", environ={}) == settings
     assert settings.capacity == 50
     assert settings.store == f"file://{tmp_path / 'certs'}"

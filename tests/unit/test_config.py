@@ -43,7 +43,9 @@ def test_round_trip_through_toml(tmp_path: Path) -> None:
         ("haproxy_bufsize = 100\n", {}, "haproxy_bufsize"),
     ],
 )
-def test_errors_say_what_is_wrong(tmp_path: Path, text: str, env: dict[str, str], match: str) -> None:
+def test_errors_say_what_is_wrong(
+    tmp_path: Path, text: str, env: dict[str, str], match: str
+) -> None:
     f = tmp_path / "c.toml"
     f.write_text(text)
     with pytest.raises(ConfigError, match=match):

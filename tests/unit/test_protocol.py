@@ -32,7 +32,18 @@ def test_encode_adds_missing_final_newline_to_payload() -> None:
 
 @pytest.mark.parametrize(
     "arg",
-    ["a b", "a;show info", "a\nshow info", "a\r", "", "x" * 1025, "é.example", "'q'", "a\\b", "a<<"],
+    [
+        "a b",
+        "a;show info",
+        "a\nshow info",
+        "a\r",
+        "",
+        "x" * 1025,
+        "é.example",
+        "'q'",
+        "a\\b",
+        "a<<",
+    ],
 )
 def test_encode_rejects_unsafe_arguments(arg: str) -> None:
     with pytest.raises(ValueError, match="unsafe"):

@@ -1,0 +1,361 @@
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import ipaddress
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import NameOID
+
+from agent.errors import CertificateError, KeyMismatch, MissingKey, NoNames, PemError
+from agent.pem import CertBundle, normalise_pem, parse_bundle, split_blocks
+from tests.certs import (
+    CA,
+    KeyFormat,
+    KeyType,
+    cert_pem,
+    issue,
+    key_pem,
+    make_ca,
+    make_key,
+    shared_key,
+)
+
+
+@pytest.fixture(scope="module")
+def ca() -> CA:
+    return make_ca()
+
+
+def blocks_of(pem: bytes) -> list[str]:
+    return [label for label, _ in split_blocks(pem)]
+
+
+# --- normalise_pem ---------------------------------------------------------------------
+
+
+def test_normalise_strips_cr_and_blank_lines() -> None:
+    raw = b"\r\n-----BEGIN X-----\r\n\r\nAAAA\r\n   \r\n\t\nBBBB\r\n-----END X-----\r\n\r\n\r\n"
+    assert normalise_pem(raw) == b"-----BEGIN X-----\nAAAA\nBBBB\n-----END X-----\n"
+
+
+def test_normalise_adds_trailing_newline_and_is_idempotent() -> None:
+    once = normalise_pem(b"a\nb")
+    assert once == b"a\nb\n"
+    assert normalise_pem(once) == once
+
+
+@pytest.mark.parametrize("raw", [b"", b"\n", b"\r\n \t\n\n"])
+def test_normalise_empty(raw: bytes) -> None:
+    assert normalise_pem(raw) == b""
+
+
+def test_normalise_never_leaves_a_blank_line(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    messy = chain.replace(b"\n", b"\r\n\r\n") + b"\n \n" + key.replace(b"\n", b"\n\n")
+    out = normalise_pem(messy)
+    assert b"\r" not in out
+    assert b"\n\n" not in out
+    assert out.endswith(b"\n")
+    assert all(line.strip() for line in out.split(b"\n")[:-1])
+
+
+# --- split_blocks ------------------------------------------------------------------------
+
+
+def test_split_blocks_labels_in_order_and_ignores_outside_text(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test", key_format="traditional")
+    preamble = b"Bag Attributes\n    friendlyName: x\nsubject=/CN=a\n"
+    data = preamble + chain + b"trailing junk\n" + key
+    blocks = split_blocks(data)
+    assert [label for label, _ in blocks] == ["CERTIFICATE", "CERTIFICATE", "EC PRIVATE KEY"]
+    assert b"".join(text for _, text in blocks) == normalise_pem(chain + key)
+    for _, text in blocks:
+        assert text.startswith(b"-----BEGIN ")
+        assert text.endswith(b"-----\n")
+
+
+def test_split_blocks_labels() -> None:
+    data = b"".join(
+        f"-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n".encode()
+        for label in ["CERTIFICATE", "PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"]
+    )
+    assert blocks_of(data) == ["CERTIFICATE", "PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"-----BEGIN CERTIFICATE-----\nAA\n"
+        b"-----BEGIN CERTIFICATE-----\nBB\n-----END CERTIFICATE-----\n",
+        b"-----BEGIN CERTIFICATE-----\nAA\n-----END PRIVATE KEY-----\n",
+        b"AA\n-----END CERTIFICATE-----\n",
+        b"-----BEGIN CERTIFICATE-----\nAA\n",
+    ],
+    ids=["nested", "mismatched-end", "end-without-begin", "unterminated"],
+)
+def test_split_blocks_rejects_bad_nesting(data: bytes) -> None:
+    with pytest.raises(PemError):
+        split_blocks(data)
+
+
+def test_split_blocks_empty() -> None:
+    assert split_blocks(b"no pem here\n") == []
+
+
+# --- parse_bundle: the good cases ------------------------------------------------------------
+
+
+def test_parse_separate_chain_and_key(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test", "b.example.test")
+    bundle = parse_bundle(chain, key)
+
+    leaf = x509.load_pem_x509_certificate(chain)
+    assert bundle.pem == normalise_pem(chain + key)
+    assert blocks_of(bundle.pem) == ["CERTIFICATE", "CERTIFICATE", "PRIVATE KEY"]
+    assert bundle.names == ("a.example.test", "b.example.test")
+    assert bundle.fingerprint_sha1 == leaf.fingerprint(hashes.SHA1()).hex().upper()
+    assert bundle.fingerprint_sha256 == leaf.fingerprint(hashes.SHA256()).hex()
+    assert len(bundle.fingerprint_sha1) == 40
+    assert bundle.serial == leaf.serial_number
+    assert bundle.not_before == leaf.not_valid_before_utc
+    assert bundle.not_after == leaf.not_valid_after_utc
+    assert bundle.not_after.utcoffset() == dt.timedelta(0)
+    assert bundle.key_type == "ECDSA-P256"
+
+
+def test_parse_combined_file(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    assert parse_bundle(chain + key) == parse_bundle(chain, key)
+
+
+def test_parse_crlf_and_blank_lines(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    messy = (b"\r\n" + chain + b"\r\n\r\n" + key).replace(b"\n", b"\r\n")
+    bundle = parse_bundle(messy)
+    assert bundle.pem == normalise_pem(chain + key)
+    assert b"\r" not in bundle.pem
+    assert b"\n\n" not in bundle.pem
+
+
+def test_parse_reorders_leaf_first_key_last(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    leaf_text, inter_text = (text for _, text in split_blocks(chain))
+    bundle = parse_bundle(key + inter_text + leaf_text)
+    assert bundle.pem == leaf_text + inter_text + normalise_pem(key)
+    assert bundle.names == ("a.example.test",)
+
+
+def test_parse_keeps_chain_order() -> None:
+    ca = make_ca()
+    chain, key = issue(ca, "a.example.test")
+    extra = cert_pem(ca.root)
+    bundle = parse_bundle(extra + chain, key)
+    leaf_text, inter_text = (text for _, text in split_blocks(chain))
+    assert bundle.pem == leaf_text + extra + inter_text + normalise_pem(key)
+
+
+def test_parse_ignores_text_outside_blocks_and_ec_parameters(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test", key_format="traditional")
+    params = b"-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n"
+    bundle = parse_bundle(b"junk before\n" + chain + b"junk between\n", params + key)
+    assert blocks_of(bundle.pem) == ["CERTIFICATE", "CERTIFICATE", "EC PRIVATE KEY"]
+    assert b"junk" not in bundle.pem
+    assert b"EC PARAMETERS" not in bundle.pem
+
+
+def test_parse_keeps_key_text_as_given(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test", key_format="traditional")
+    bundle = parse_bundle(chain, key)
+    assert bundle.pem.endswith(key)
+    assert b"-----BEGIN EC PRIVATE KEY-----" in bundle.pem
+
+
+@pytest.mark.parametrize(
+    ("key_type", "expected"),
+    [("ec", "ECDSA-P256"), ("ec384", "ECDSA-P384"), ("rsa", "RSA-2048")],
+)
+def test_key_type(ca: CA, key_type: KeyType, expected: str) -> None:
+    chain, key = issue(ca, "a.example.test", key=shared_key(key_type))
+    assert parse_bundle(chain, key).key_type == expected
+
+
+def test_rsa_traditional_key(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test", key=shared_key("rsa"), key_format="traditional")
+    bundle = parse_bundle(chain + key)
+    assert b"-----BEGIN RSA PRIVATE KEY-----" in bundle.pem
+    assert bundle.key_type == "RSA-2048"
+
+
+def test_one_key_many_leaves_distinct_fingerprints(ca: CA) -> None:
+    key = shared_key()
+    a = parse_bundle(*issue(ca, "a.example.test", key=key))
+    b = parse_bundle(*issue(ca, "b.example.test", key=key))
+    assert a.fingerprint_sha256 != b.fingerprint_sha256
+    assert a.serial != b.serial
+
+
+# --- parse_bundle: names -------------------------------------------------------------------
+
+
+def test_san_wildcard_and_lowercase(ca: CA) -> None:
+    chain, key = issue(ca, "*.Example.TEST", "WWW.example.test", "www.example.test")
+    assert parse_bundle(chain, key).names == ("*.example.test", "www.example.test")
+
+
+def test_invalid_san_names_are_dropped(ca: CA) -> None:
+    chain, key = issue(
+        ca,
+        "bad_name.example.test",
+        "*.test",
+        "*.*.example.test",
+        "a..example.test",
+        "-x.example.test",
+        "localhost",
+        "a b.example.test",
+        "",
+        "ok.example.test",
+        "*.ok.example.test",
+    )
+    assert parse_bundle(chain, key).names == ("ok.example.test", "*.ok.example.test")
+
+
+def test_cn_used_only_without_san(ca: CA) -> None:
+    chain, key = issue(ca, common_name="Legacy.Example.TEST", san=False)
+    assert parse_bundle(chain, key).names == ("legacy.example.test",)
+
+
+def test_cn_ignored_when_san_present(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test", common_name="cn.example.test")
+    assert parse_bundle(chain, key).names == ("a.example.test",)
+
+
+def test_no_names_when_san_has_only_invalid_names_even_with_valid_cn(ca: CA) -> None:
+    chain, key = issue(ca, "bad_name.example.test", common_name="good.example.test")
+    with pytest.raises(NoNames):
+        parse_bundle(chain, key)
+
+
+def test_no_names_with_ip_only_san(ca: CA) -> None:
+    key = shared_key()
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "a.example.test")]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("192.0.2.1"))]),
+            critical=False,
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    with pytest.raises(NoNames):
+        parse_bundle(cert_pem(cert), key_pem(key))
+
+
+def test_no_names_with_invalid_cn(ca: CA) -> None:
+    chain, key = issue(ca, common_name="not a hostname", san=False)
+    with pytest.raises(NoNames):
+        parse_bundle(chain, key)
+
+
+# --- parse_bundle: the bad cases -----------------------------------------------------------
+
+
+def test_missing_key(ca: CA) -> None:
+    chain, _ = issue(ca, "a.example.test")
+    with pytest.raises(MissingKey):
+        parse_bundle(chain)
+
+
+def test_key_mismatch(ca: CA) -> None:
+    chain, _ = issue(ca, "a.example.test")
+    with pytest.raises(KeyMismatch):
+        parse_bundle(chain, key_pem(make_key()))
+
+
+def test_key_of_the_intermediate_does_not_make_it_a_leaf() -> None:
+    ca = make_ca()
+    chain, _ = issue(ca, "a.example.test")
+    # The intermediate's key matches the intermediate, which has no DNS names.
+    with pytest.raises(NoNames):
+        parse_bundle(chain, key_pem(ca.key))
+
+
+def test_no_certificate(ca: CA) -> None:
+    _, key = issue(ca, "a.example.test")
+    with pytest.raises(PemError, match="no CERTIFICATE"):
+        parse_bundle(key)
+
+
+def test_garbage() -> None:
+    with pytest.raises(PemError):
+        parse_bundle(b"\x00\xffnot a pem at all")
+
+
+def test_garbage_inside_certificate_block(ca: CA) -> None:
+    _, key = issue(ca, "a.example.test")
+    bad = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
+    with pytest.raises(PemError, match="certificate #1"):
+        parse_bundle(bad, key)
+
+
+def test_garbage_inside_key_block(ca: CA) -> None:
+    chain, _ = issue(ca, "a.example.test")
+    bad = b"-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n"
+    with pytest.raises(PemError, match="private key"):
+        parse_bundle(chain, bad)
+
+
+@pytest.mark.parametrize("fmt", ["pkcs8", "traditional"])
+def test_encrypted_key(ca: CA, fmt: KeyFormat) -> None:
+    key = shared_key()
+    chain, _ = issue(ca, "a.example.test", key=key)
+    encrypted = key_pem(key, fmt, password=b"secret")
+    with pytest.raises(PemError, match="encrypted"):
+        parse_bundle(chain, encrypted)
+
+
+def test_two_keys(ca: CA) -> None:
+    key = shared_key()
+    chain, pem = issue(ca, "a.example.test", key=key)
+    with pytest.raises(PemError, match="2 private keys"):
+        parse_bundle(chain + pem, pem)
+
+
+def test_malformed_nesting_is_pem_error(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    with pytest.raises(PemError):
+        parse_bundle(chain[:-30], key)
+
+
+def test_all_errors_are_certificate_errors() -> None:
+    for exc in (PemError, MissingKey, KeyMismatch, NoNames):
+        assert issubclass(exc, CertificateError)
+
+
+# --- CertBundle --------------------------------------------------------------------------------
+
+
+def test_bundle_is_frozen_and_repr_has_no_key_material(ca: CA) -> None:
+    bundle = parse_bundle(*issue(ca, "a.example.test"))
+    assert isinstance(bundle, CertBundle)
+    assert "PRIVATE KEY" not in repr(bundle)
+    assert "a.example.test" in repr(bundle)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bundle.names = ()  # type: ignore[misc]
+
+
+def test_pem_round_trips_through_parse(ca: CA) -> None:
+    bundle = parse_bundle(*issue(ca, "a.example.test", "*.example.test"))
+    again = parse_bundle(bundle.pem)
+    assert again == bundle
+    assert serialization.load_pem_private_key(
+        split_blocks(bundle.pem)[-1][1], password=None
+    ).public_key() == x509.load_pem_x509_certificate(bundle.pem).public_key()
