@@ -13,15 +13,19 @@ new certificate is committed, and adds the new host only *after* the commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from agent import pem
 from agent.errors import AgentError, Busy, HAProxyError, HAProxyUnavailable, WrongTransaction
-from agent.pool import Slot, SlotPool, last_seen_from_table
+from agent.hostname import covers
+from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table
 from agent.runtime import protocol
 from agent.runtime.client import Identity, RuntimeClient
+from agent.selfsigned import PLACEHOLDER_NAME, placeholder
 from agent.store.base import StoredCertificate
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,8 @@ class LoadCounters:
     recycles: int = 0
     map_only: int = 0
     failures: int = 0
+    rotations: int = 0
+    unloads: int = 0
     adoptions: int = 0
     resets: int = 0
 
@@ -75,6 +81,7 @@ class Loader:
         self._usage_at = float("-inf")
         self._retry_at = float("-inf")
         self._backoff = RECONNECT_MIN
+        self._placeholder = pem.normalise_pem(placeholder())
 
     @property
     def identity(self) -> Identity | None:
@@ -145,6 +152,9 @@ class Loader:
                 self.pool.add_spare(name)
                 continue
             details = protocol.parse_cert_details(await c.execute("show", "ssl", "cert", name))
+            if details.dns_names == (PLACEHOLDER_NAME,):
+                self.pool.add_free(name)
+                continue
             slot = Slot(name, details.fingerprint_sha1, None, set(mapped.pop(name, [])), now)
             if self.pool.for_fingerprint(slot.fingerprint) is not None:
                 # Two slots with one certificate: keep one in the map, let LRU recycle the other.
@@ -164,20 +174,21 @@ class Loader:
 
     # --- loads ---------------------------------------------------------------------
 
-    async def install(self, host: str, cert: StoredCertificate, start_deadline: float) -> Slot:
-        """Make HAProxy serve ``cert`` for ``host``; Busy if the load cannot start in time."""
+    @contextlib.asynccontextmanager
+    async def _writer(self, deadline: float, what: str) -> AsyncIterator[None]:
+        """Hold the single-writer lock (Busy if not within ``deadline``), with a session."""
         if self._waiting >= self.max_waiting:
             raise Busy(f"{self._waiting} loads already waiting")
         self._waiting += 1
         try:
-            await asyncio.wait_for(self._lock.acquire(), start_deadline)
+            await asyncio.wait_for(self._lock.acquire(), deadline)
         except TimeoutError as exc:
-            raise Busy(f"load of {host} could not start within {start_deadline:.2f}s") from exc
+            raise Busy(f"{what} could not start within {deadline:.2f}s") from exc
         finally:
             self._waiting -= 1
         try:
             await self._ensure_session()
-            return await self._install(host, cert)
+            yield
         except WrongTransaction:
             self.counters.failures += 1
             await self.client.close()  # reconnect + adopt aborts the foreign transaction
@@ -187,6 +198,44 @@ class Loader:
             raise
         finally:
             self._lock.release()
+
+    async def install(self, host: str, cert: StoredCertificate, start_deadline: float) -> Slot:
+        """Make HAProxy serve ``cert`` for ``host``; Busy if the load cannot start in time."""
+        async with self._writer(start_deadline, f"load of {host}"):
+            return await self._install(host, cert)
+
+    async def replace(self, slot_name: str, cert: StoredCertificate, deadline: float) -> bool:
+        """Swap a rotated certificate into the slot that holds its predecessor.
+
+        The hosts the new certificate no longer covers leave the map first.
+        Returns False if the slot no longer exists (recycled meanwhile).
+        """
+        async with self._writer(deadline, f"rotation into {slot_name}"):
+            slot = next((s for s in self.pool.slots if s.name == slot_name), None)
+            if slot is None:
+                return False
+            keep = {h for h in slot.hosts if any(covers(p, h) for p in cert.bundle.names)}
+            for host in sorted(slot.hosts - keep):
+                await self._del_map(host)
+            self.pool.drop_hosts(slot)
+            await self._set_and_commit(slot.name, cert.bundle.pem)
+            self.pool.place(
+                Slot(slot.name, cert.bundle.fingerprint_sha1, cert.id, keep, slot.loaded_at)
+            )
+            self.counters.rotations += 1
+            return True
+
+    async def unload(self, slot_name: str, deadline: float) -> bool:
+        """Stop serving a slot's certificate: hosts leave the map, the placeholder goes in."""
+        async with self._writer(deadline, f"unload of {slot_name}"):
+            slot = next((s for s in self.pool.slots if s.name == slot_name), None)
+            if slot is None:
+                return False
+            await self._unmap(slot)
+            await self._set_and_commit(slot.name, self._placeholder)
+            self.pool.add_free(slot.name)
+            self.counters.unloads += 1
+            return True
 
     async def _install(self, host: str, cert: StoredCertificate) -> Slot:
         bundle = cert.bundle
@@ -201,18 +250,21 @@ class Loader:
             await self._del_map(host)
             self.pool.remove_host(old_owner, host)
         if self.pool.has_room():
-            name, known = self.pool.next_name()
-            if not known:
+            name, state = self.pool.next_name()
+            if state is SlotState.NEW:
                 protocol.check_new_cert(
                     name, await self.client.execute_cert("new", "ssl", "cert", name)
                 )
                 self.pool.add_spare(name)
             await self._set_and_commit(name, bundle.pem)
-            protocol.check_add_crtlist(
-                self.names.crt_list,
-                name,
-                await self.client.execute_cert("add", "ssl", "crt-list", self.names.crt_list, name),
-            )
+            if state is not SlotState.LISTED:
+                protocol.check_add_crtlist(
+                    self.names.crt_list,
+                    name,
+                    await self.client.execute_cert(
+                        "add", "ssl", "crt-list", self.names.crt_list, name
+                    ),
+                )
             self.counters.loads += 1
         else:
             victim = self.pool.victim(await self._last_seen())

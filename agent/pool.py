@@ -13,6 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
+
+
+class SlotState(Enum):
+    """What HAProxy already has of a slot a load is about to use."""
+
+    NEW = "new"  # nothing: new ssl cert, set, commit, add ssl crt-list
+    KNOWN = "known"  # an empty certificate store: set, commit, add ssl crt-list
+    LISTED = "listed"  # a crt-list line with the placeholder: set, commit
 
 
 @dataclass
@@ -35,6 +44,7 @@ class SlotPool:
         self._by_fingerprint: dict[str, Slot] = {}
         self._by_host: dict[str, Slot] = {}
         self._spare: list[str] = []  # slot names HAProxy knows but no crt-list line uses
+        self._free: list[str] = []  # crt-list slots holding the placeholder certificate
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -48,6 +58,7 @@ class SlotPool:
         self._by_fingerprint.clear()
         self._by_host.clear()
         self._spare.clear()
+        self._free.clear()
 
     def slot_name(self, number: int) -> str:
         return f"{self.prefix}{number:05d}.pem"
@@ -61,22 +72,40 @@ class SlotPool:
     def for_fingerprint(self, fingerprint: str) -> Slot | None:
         return self._by_fingerprint.get(fingerprint)
 
-    def has_room(self) -> bool:
-        return len(self._slots) < self.capacity
+    def for_certificate(self, cert_id: str) -> list[Slot]:
+        return [s for s in self._slots.values() if s.cert_id == cert_id]
 
-    def next_name(self) -> tuple[str, bool]:
-        """A slot name to grow into, and whether HAProxy already knows it (no ``new ssl cert``)."""
+    @property
+    def free_slots(self) -> tuple[str, ...]:
+        return tuple(self._free)
+
+    def has_room(self) -> bool:
+        """True if a load needs no recycling: a free slot, or room to add a crt-list line."""
+        return bool(self._free) or len(self._slots) < self.capacity
+
+    def next_name(self) -> tuple[str, SlotState]:
+        """Where the next load goes without recycling, and what HAProxy already has of it."""
+        if self._free:
+            return self._free[0], SlotState.LISTED
         if self._spare:
-            return self._spare[0], True
+            return self._spare[0], SlotState.KNOWN
         used = set(self._slots)
         number = 1
         while self.slot_name(number) in used:
             number += 1
-        return self.slot_name(number), False
+        return self.slot_name(number), SlotState.NEW
 
     def add_spare(self, name: str) -> None:
         if name not in self._slots and name not in self._spare:
             self._spare.append(name)
+
+    def add_free(self, name: str) -> None:
+        """``name`` is a crt-list slot holding the placeholder certificate."""
+        old = self._slots.pop(name, None)
+        if old is not None:
+            self._forget(old)
+        if name not in self._free:
+            self._free.append(name)
 
     def place(self, slot: Slot) -> None:
         """Record ``slot`` (new, adopted or recycled) with its certificate and hosts."""
@@ -85,6 +114,8 @@ class SlotPool:
             self._forget(old)
         if slot.name in self._spare:
             self._spare.remove(slot.name)
+        if slot.name in self._free:
+            self._free.remove(slot.name)
         self._slots[slot.name] = slot
         self._by_fingerprint[slot.fingerprint] = slot
         for host in slot.hosts:

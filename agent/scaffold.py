@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import ipaddress
 import os
 from importlib import resources
 from pathlib import Path
 from string import Template
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from agent import config
 from agent.errors import ConfigError
+from agent.selfsigned import self_signed
 
 # Unix socket paths must fit sockaddr_un.sun_path (108 bytes with the NUL).
 MAX_SOCKET_PATH = 100
@@ -52,23 +47,7 @@ def _check_bind(bind: str) -> None:
 
 def default_certificate() -> bytes:
     """A self-signed ECDSA P-256 certificate + key that clients see as the fallback."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "certagent default certificate")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=3650))
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.public_bytes(serialization.Encoding.PEM) + key_pem
+    return self_signed("certagent default certificate")
 
 
 def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.pool import Slot, SlotPool, last_seen_from_table, recency
+from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table, recency
 
 PREFIX = "/certagent/slot-"
 
@@ -16,9 +16,9 @@ def slot(pool: SlotPool, n: int, fp: str, *hosts: str, at: float = 0.0) -> Slot:
 def test_grows_to_capacity_with_fresh_names() -> None:
     pool = SlotPool(2, PREFIX)
     assert pool.has_room()
-    assert pool.next_name() == ("/certagent/slot-00001.pem", False)
+    assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
     slot(pool, 1, "A", "a.test")
-    assert pool.next_name() == ("/certagent/slot-00002.pem", False)
+    assert pool.next_name() == ("/certagent/slot-00002.pem", SlotState.NEW)
     slot(pool, 2, "B", "b.test")
     assert not pool.has_room()
     assert len(pool) == 2
@@ -27,9 +27,9 @@ def test_grows_to_capacity_with_fresh_names() -> None:
 def test_spare_names_are_reused_before_new_ones() -> None:
     pool = SlotPool(3, PREFIX)
     pool.add_spare("/certagent/slot-00007.pem")
-    assert pool.next_name() == ("/certagent/slot-00007.pem", True)
+    assert pool.next_name() == ("/certagent/slot-00007.pem", SlotState.KNOWN)
     pool.place(Slot("/certagent/slot-00007.pem", "A", None, {"a.test"}))
-    assert pool.next_name() == ("/certagent/slot-00001.pem", False)
+    assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
 
 
 def test_lookup_by_host_and_fingerprint() -> None:
@@ -108,7 +108,7 @@ def test_clear() -> None:
     pool.clear()
     assert len(pool) == 0
     assert pool.for_host("a.test") is None
-    assert pool.next_name() == ("/certagent/slot-00001.pem", False)
+    assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
 
 
 def test_last_seen_from_table() -> None:
@@ -118,3 +118,27 @@ def test_last_seen_from_table() -> None:
         now=1000.0,
     )
     assert seen == {"a.test": 1000.0, "b.test": 990.0, "d.test": 1000.0}
+
+
+def test_free_slots_come_first_and_count_toward_capacity() -> None:
+    pool = SlotPool(2, PREFIX)
+    a = slot(pool, 1, "A", "a.test")
+    slot(pool, 2, "B", "b.test")
+    assert not pool.has_room()
+    pool.add_free(a.name)
+    assert pool.for_host("a.test") is None
+    assert pool.for_fingerprint("A") is None
+    assert pool.free_slots == (a.name,)
+    assert pool.has_room()
+    assert pool.next_name() == (a.name, SlotState.LISTED)
+    slot(pool, 1, "C", "c.test")
+    assert pool.free_slots == ()
+    assert not pool.has_room()
+
+
+def test_for_certificate() -> None:
+    pool = SlotPool(3, PREFIX)
+    a = slot(pool, 1, "A", "a.test")
+    slot(pool, 2, "B", "b.test")
+    assert pool.for_certificate("id-A") == [a]
+    assert pool.for_certificate("id-Z") == []
