@@ -45,6 +45,72 @@ class NoNames(CertificateError):
     code = "no-names"
 
 
+class BundleTooLarge(CertificateError):
+    """The upload is bigger than the configured limit."""
+
+    code = "too-large"
+
+
+class EncryptedKey(PemError):
+    """The private key is protected by a passphrase."""
+
+    code = "encrypted-key"
+
+
+class MultipleKeys(PemError):
+    """More than one private key was given."""
+
+    code = "multiple-keys"
+
+
+class UnsupportedKey(CertificateError):
+    """The key algorithm, curve or key format is not one HAProxy clients can use."""
+
+    code = "unsupported-key"
+
+
+class WeakKey(CertificateError):
+    """The RSA key is shorter than the policy minimum."""
+
+    code = "weak-key"
+
+
+class Expired(CertificateError):
+    """The certificate's notAfter is in the past."""
+
+    code = "expired"
+
+
+class NotYetValid(CertificateError):
+    """The certificate's notBefore is in the future."""
+
+    code = "not-yet-valid"
+
+
+class ChainTooLong(CertificateError):
+    """More certificates than the policy allows."""
+
+    code = "chain-too-long"
+
+
+class DuplicateCertificate(CertificateError):
+    """The same certificate appears twice."""
+
+    code = "duplicate-certificate"
+
+
+class ChainOrder(CertificateError):
+    """The certificates form a valid chain, but not in the order given."""
+
+    code = "chain-order"
+
+
+class UnrelatedChain(CertificateError):
+    """A certificate is not on the leaf's issuer path."""
+
+    code = "unrelated-chain"
+
+
 # --- store --------------------------------------------------------------------
 
 
@@ -58,6 +124,10 @@ class StoreUnavailable(StoreError):
 
 class StoreCorrupt(StoreError):
     """The store returned a record that does not validate."""
+
+
+class KeyDecryptError(StoreError):
+    """An encrypted private key cannot be decrypted (unknown data key, wrong record, altered)."""
 
 
 # --- HAProxy runtime API --------------------------------------------------------

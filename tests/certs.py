@@ -20,7 +20,7 @@ from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 KeyType = Literal["ec", "ec384", "rsa", "rsa3072"]
@@ -235,3 +235,81 @@ def issue(
 def combined(chain_pem: bytes, key: bytes) -> bytes:
     """A combined PEM file (chain then key), as HAProxy and the directory store read it."""
     return chain_pem + key
+
+
+# --- unusual certificates, for upload validation tests --------------------------------
+
+OddKeyType = Literal["rsa1024", "p521", "secp256k1", "ed25519", "dsa"]
+AnyKey = Key | ed25519.Ed25519PrivateKey | dsa.DSAPrivateKey
+
+
+def make_odd_key(key_type: OddKeyType) -> AnyKey:
+    """Keys certagent refuses (weak or unsupported) but ``cryptography`` can certify."""
+    if key_type == "rsa1024":
+        return rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    if key_type == "p521":
+        return ec.generate_private_key(ec.SECP521R1())
+    if key_type == "secp256k1":
+        return ec.generate_private_key(ec.SECP256K1())
+    if key_type == "ed25519":
+        return ed25519.Ed25519PrivateKey.generate()
+    if key_type == "dsa":
+        return dsa.generate_private_key(key_size=2048)
+    raise ValueError(f"unknown key type {key_type!r}")
+
+
+def any_key_pem(key: AnyKey) -> bytes:
+    """Unencrypted PKCS#8 ``PRIVATE KEY`` for any key :func:`make_odd_key` makes."""
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def issue_odd(
+    ca: CA,
+    *names: str,
+    key: AnyKey,
+    subject: x509.Name | None = None,
+) -> x509.Certificate:
+    """A minimal leaf for any key type, valid from an hour ago for 90 days.
+
+    ``names`` go into the SAN (none: no SAN extension); ``subject`` defaults to
+    ``CN=<first name>``, or an empty name when there are no names.
+    """
+    now = _now()
+    if subject is None:
+        subject = _name(names[0]) if names else x509.Name([])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=90))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    )
+    if names:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
+        )
+    return builder.sign(ca.key, hashes.SHA256())
+
+
+def make_ca_path(depth: int, name: str = "certagent deep CA", key_type: KeyType = "ec") -> CA:
+    """A root and ``depth`` intermediates, each issuing the next; the last issues leaves.
+
+    ``chain`` lists the intermediates leaf-side first, as they follow the leaf.
+    """
+    root_key = make_key(key_type)
+    root = _ca_cert(f"{name} root", root_key, None, root_key, None)
+    issuer, issuer_key = root, root_key
+    chain: list[x509.Certificate] = []
+    for level in range(1, depth + 1):
+        inter_key = make_key(key_type)
+        inter = _ca_cert(f"{name} intermediate {level}", inter_key, issuer, issuer_key, None)
+        chain.insert(0, inter)
+        issuer, issuer_key = inter, inter_key
+    return CA(root=root, cert=issuer, key=issuer_key, chain=tuple(chain))
