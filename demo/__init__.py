@@ -1,0 +1,1 @@
+"""End-to-end demo: ``python -m demo`` (see demo/run.py)."""

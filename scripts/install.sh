@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Install what certagent needs on a Debian 12 machine, as root; safe to run again.
+#
+#   - haproxy, redis-server and openssl from Debian (apt-get update only when
+#     something is missing). Package scripts are not allowed to start services:
+#     whatever already runs on this machine (a Redis on 6379, another HAProxy)
+#     is left alone, and nothing new is started or stopped.
+#   - a virtualenv at .venv in the repository root with certagent installed
+#     editable with its test extras; skipped while pyproject.toml is unchanged.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.certagent-installed"
+PACKAGES=(haproxy redis-server openssl)
+
+say() { printf 'install: %s\n' "$*"; }
+die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+
+# Install Debian packages without letting their maintainer scripts start (or
+# restart) any service: invoke-rc.d and deb-systemd-invoke both obey
+# /usr/sbin/policy-rc.d, and exit code 101 means "action forbidden".
+apt_install() {
+    [ "$(id -u)" -eq 0 ] || die "installing $* needs root (apt-get)"
+    local policy=/usr/sbin/policy-rc.d ours=""
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# written by certagent scripts/install.sh while apt-get runs\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        ours=1
+        # shellcheck disable=SC2064  # expand now: remove exactly the file we wrote
+        trap "rm -f '$policy'" EXIT
+    fi
+    local rc=0
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confold \
+        "$@" >/dev/null || rc=$?
+    if [ -n "$ours" ]; then
+        rm -f "$policy"
+        trap - EXIT
+    fi
+    return "$rc"
+}
+
+# --- Debian packages -----------------------------------------------------------------
+PYTHON="${PYTHON:-python3}"
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    installed "$pkg" || missing+=("$pkg")
+done
+# A minimal Debian image has no Python at all.
+command -v "$PYTHON" >/dev/null || missing+=(python3 python3-venv)
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]} (apt-get update first)"
+    [ "$(id -u)" -eq 0 ] || die "installing ${missing[*]} needs root (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    apt_install "${missing[@]}"
+else
+    say "haproxy, redis-server, openssl: already installed"
+fi
+say "$(haproxy -v 2>/dev/null | head -n 1 | cut -d' ' -f1-3), $(redis-server --version | cut -d' ' -f1-3)"
+
+# --- Python --------------------------------------------------------------------------
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found (Debian 12 ships python3 3.11)"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "certagent needs Python >= 3.11, $PYTHON is $("$PYTHON" -V 2>&1)"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV"
+    if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
+        rm -rf "$VENV"
+        pyver="$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+        say "python3 -m venv failed; installing python3-venv"
+        if ! apt_install python3-venv "python$pyver-venv" 2>/dev/null; then
+            DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+            apt_install python3-venv "python$pyver-venv"
+        fi
+        "$PYTHON" -m venv "$VENV"
+    fi
+fi
+
+want="$(sha256sum <"$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/certagent" ]; then
+    say "certagent already installed in .venv (pyproject.toml unchanged)"
+else
+    say "pip install -e '.[test]' into .venv"
+    log="$VENV/pip-install.log"
+    if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]" \
+        >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        die "pip install failed (full log: $log)"
+    fi
+    printf '%s\n' "$want" >"$STAMP"
+fi
+say "ready: $("$VENV/bin/certagent" --version), $("$VENV/bin/python" -V)"
