@@ -56,6 +56,22 @@ class Settings:
     # what clients get when no certificate can be loaded (used by `certagent init`)
     fallback: str = "default-cert"
     log_level: str = "info"
+    # REST API listen address, host:port ([::1]:8089 for IPv6); served only with api_tokens_file
+    api_bind: str = "127.0.0.1:8089"
+    # REST API bearer tokens, "name:sha256hex" lines (`certagent token add`); "" = no REST API
+    api_tokens_file: str = ""
+    # largest upload accepted (certificate chain and key together), in bytes
+    max_upload_bytes: int = 262_144
+    # most certificates in an upload, leaf included
+    max_chain: int = 6
+    # smallest RSA key accepted in an upload, in bits
+    min_rsa_bits: int = 2048
+    # an upload whose notBefore is at most this far in the future is accepted (CA clock skew), s
+    not_before_grace: float = 0.0
+    # an upload whose notAfter passed at most this long ago is accepted, s
+    expiry_grace: float = 0.0
+    # data keys encrypting private keys in Redis (`certagent keys generate`); "" = stored plain
+    key_file: str = ""
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -72,6 +88,27 @@ class Settings:
             raise ConfigError("slot_prefix must be an absolute name like /certagent/slot-")
         if self.haproxy_bufsize < 4096:
             raise ConfigError("haproxy_bufsize must be at least 4096 (HAProxy's tune.bufsize)")
+        parse_bind(self.api_bind)
+        if self.max_upload_bytes < 1024:
+            raise ConfigError("max_upload_bytes must be at least 1024")
+        if self.max_chain < 1:
+            raise ConfigError("max_chain must be at least 1 (the leaf)")
+        if self.min_rsa_bits < 1024:
+            raise ConfigError("min_rsa_bits must be at least 1024")
+        if self.not_before_grace < 0 or self.expiry_grace < 0:
+            raise ConfigError("not_before_grace and expiry_grace must not be negative")
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) -> ``(host, port)``; ConfigError if malformed."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"api_bind must be host:port, e.g. 127.0.0.1:8089 or [::1]:8089, not {value!r}"
+        )
+    return host, int(port)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}

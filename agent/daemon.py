@@ -14,6 +14,7 @@ from agent.config import Settings
 from agent.control import ControlServer
 from agent.ensure import Ensurer, NegativeCache
 from agent.errors import AgentError, HAProxyError
+from agent.live import LiveUpdater
 from agent.loader import HAProxyNames, Loader
 from agent.pool import SlotPool
 from agent.runtime.client import RuntimeClient, probe_identity
@@ -49,12 +50,9 @@ class Agent:
             usage_refresh=settings.usage_refresh,
             max_waiting=settings.max_waiting_loads,
         )
-        self.ensurer = Ensurer(
-            store,
-            self.loader,
-            NegativeCache(settings.negative_ttl, settings.negative_cache_size),
-            load_deadline=settings.load_deadline,
-        )
+        negative = NegativeCache(settings.negative_ttl, settings.negative_cache_size)
+        self.ensurer = Ensurer(store, self.loader, negative, load_deadline=settings.load_deadline)
+        self.live = LiveUpdater(store, self.loader, negative)
         self.control = ControlServer(settings.agent_socket, self.ensurer, self.status)
 
     async def status(self) -> dict[str, Any]:
@@ -75,6 +73,7 @@ class Agent:
             "store": self.store.describe(),
             "ensure": dataclasses.asdict(self.ensurer.counters),
             "loader": dataclasses.asdict(self.loader.counters),
+            "live": dataclasses.asdict(self.live.counters),
             "slots": [
                 {
                     "slot": s.name,
@@ -122,7 +121,20 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     except AgentError as exc:
         log.warning("store %s not reachable yet: %s", store.describe(), exc)
     await agent.control.start()
-    watcher = asyncio.create_task(agent.watch_haproxy(stop), name="watch-haproxy")
+    tasks = [
+        asyncio.create_task(agent.watch_haproxy(stop), name="watch-haproxy"),
+        # TODO(lead): live-changes task once the stores implement changes()
+    ]
+
+    def supervise(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical(
+                "%s crashed; stopping the agent", task.get_name(), exc_info=task.exception()
+            )
+            stop.set()
+
+    for task in tasks:
+        task.add_done_callback(supervise)
     log.info(
         "certagent running: capacity %d, store %s, HAProxy %s",
         settings.capacity,
@@ -134,9 +146,9 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     finally:
         log.info("stopping")
         await agent.control.close()
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(watcher, DRAIN_SECONDS)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
         await agent.client.close()
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

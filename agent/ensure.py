@@ -74,6 +74,9 @@ class NegativeCache:
     def discard(self, name: str) -> None:
         self._until.pop(name, None)
 
+    def clear(self) -> None:
+        self._until.clear()
+
     def __len__(self) -> int:
         return len(self._until)
 
@@ -101,9 +104,13 @@ class Ensurer:
         except InvalidHostname:
             self.counters.invalid += 1
             return Outcome.INVALID
-        if self.loader.pool.for_host(name) is not None:
-            self.counters.hits += 1
-            return Outcome.OK
+        if self.loader.pool.is_mapped(name):
+            # HAProxy asks only for hosts missing from its map: a race with the load
+            # that just mapped it, or a reload the watcher has not noticed yet.
+            if await self.loader.still_current():
+                self.counters.hits += 1
+                return Outcome.OK
+            await self.loader.reset("HAProxy asked for a mapped host: it was reloaded")
         if name in self.negative:
             self.counters.negative_hits += 1
             return Outcome.UNKNOWN
@@ -125,13 +132,13 @@ class Ensurer:
     async def _load(self, name: str) -> Outcome:
         try:
             self.counters.store_lookups += 1
-            stored = await self.store.lookup(name)
-            if stored is None:
+            found = await self.store.lookup_all(name)
+            if not found:
                 self.negative.add(name)
                 self.counters.unknown += 1
                 log.info("no certificate for %s in the store", name)
                 return Outcome.UNKNOWN
-            slot = await self.loader.install(name, stored, self.load_deadline)
+            slots = await self.loader.install(name, found, self.load_deadline)
         except Busy as exc:
             self.counters.busy += 1
             log.warning("busy: %s", exc)
@@ -141,5 +148,10 @@ class Ensurer:
             log.error("loading %s failed: %s", name, exc)
             return Outcome.ERROR
         self.counters.loaded += 1
-        log.info("serving %s from %s (certificate %s)", name, slot.name, stored.id)
+        log.info(
+            "serving %s from %s (certificate %s)",
+            name,
+            " ".join(s.name for s in slots),
+            " ".join(c.id for c in found),
+        )
         return Outcome.OK

@@ -122,6 +122,14 @@ class StoreUnavailable(StoreError):
     """The store cannot be reached (Redis down, directory missing)."""
 
 
+class NotFound(StoreError):
+    """No record with that id."""
+
+
+class ChangesLost(StoreError):
+    """The change feed no longer holds the position asked for; reconcile everything."""
+
+
 class StoreCorrupt(StoreError):
     """The store returned a record that does not validate."""
 

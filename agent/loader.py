@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from agent import pem
@@ -24,7 +24,7 @@ from agent.errors import AgentError, Busy, HAProxyError, HAProxyUnavailable, Wro
 from agent.hostname import covers
 from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table
 from agent.runtime import protocol
-from agent.runtime.client import Identity, RuntimeClient
+from agent.runtime.client import Identity, RuntimeClient, probe_identity
 from agent.selfsigned import PLACEHOLDER_NAME, placeholder
 from agent.store.base import StoredCertificate
 
@@ -199,10 +199,17 @@ class Loader:
         finally:
             self._lock.release()
 
-    async def install(self, host: str, cert: StoredCertificate, start_deadline: float) -> Slot:
-        """Make HAProxy serve ``cert`` for ``host``; Busy if the load cannot start in time."""
+    async def install(
+        self, host: str, certs: Sequence[StoredCertificate], start_deadline: float
+    ) -> tuple[Slot, ...]:
+        """Make HAProxy serve ``certs`` (e.g. ECDSA + RSA) for ``host``, then map the host.
+
+        Busy if the load cannot start within ``start_deadline`` seconds.
+        """
+        if not certs:
+            raise ValueError("install needs at least one certificate")
         async with self._writer(start_deadline, f"load of {host}"):
-            return await self._install(host, cert)
+            return await self._install(host, certs)
 
     async def replace(self, slot_name: str, cert: StoredCertificate, deadline: float) -> bool:
         """Swap a rotated certificate into the slot that holds its predecessor.
@@ -211,24 +218,22 @@ class Loader:
         Returns False if the slot no longer exists (recycled meanwhile).
         """
         async with self._writer(deadline, f"rotation into {slot_name}"):
-            slot = next((s for s in self.pool.slots if s.name == slot_name), None)
+            slot = self.pool.get(slot_name)
             if slot is None:
                 return False
-            keep = {h for h in slot.hosts if any(covers(p, h) for p in cert.bundle.names)}
-            for host in sorted(slot.hosts - keep):
-                await self._del_map(host)
-            self.pool.drop_hosts(slot)
+            for host in sorted(slot.hosts):
+                if not any(covers(p, host) for p in cert.bundle.names):
+                    await self._del_map(host)
+                    self.pool.unmap_host(host)
             await self._set_and_commit(slot.name, cert.bundle.pem)
-            self.pool.place(
-                Slot(slot.name, cert.bundle.fingerprint_sha1, cert.id, keep, slot.loaded_at)
-            )
+            self.pool.recertify(slot, cert.bundle.fingerprint_sha1, cert.id)
             self.counters.rotations += 1
             return True
 
     async def unload(self, slot_name: str, deadline: float) -> bool:
         """Stop serving a slot's certificate: hosts leave the map, the placeholder goes in."""
         async with self._writer(deadline, f"unload of {slot_name}"):
-            slot = next((s for s in self.pool.slots if s.name == slot_name), None)
+            slot = self.pool.get(slot_name)
             if slot is None:
                 return False
             await self._unmap(slot)
@@ -237,18 +242,36 @@ class Loader:
             self.counters.unloads += 1
             return True
 
-    async def _install(self, host: str, cert: StoredCertificate) -> Slot:
-        bundle = cert.bundle
-        slot = self.pool.for_fingerprint(bundle.fingerprint_sha1)
-        if slot is not None:  # e.g. a wildcard already loaded for a sibling host
-            if host not in slot.hosts:
-                await self._add_map(host, slot)
-                self.counters.map_only += 1
-            return slot
-        old_owner = self.pool.for_host(host)
-        if old_owner is not None:  # host now belongs to another certificate
+    async def unmap(self, host: str, deadline: float) -> None:
+        """Take ``host`` out of the map; its next connection asks the agent again."""
+        async with self._writer(deadline, f"unmap of {host}"):
+            if self.pool.is_mapped(host):
+                await self._del_map(host)
+                self.pool.unmap_host(host)
+
+    async def _install(self, host: str, certs: Sequence[StoredCertificate]) -> tuple[Slot, ...]:
+        wanted = {c.bundle.fingerprint_sha1 for c in certs}
+        current = self.pool.for_host(host)
+        if current and {s.fingerprint for s in current} == wanted:
+            return current
+        if current:  # the host's certificates changed since it was mapped
             await self._del_map(host)
-            self.pool.remove_host(old_owner, host)
+            self.pool.unmap_host(host)
+        loads_before = self.counters.loads
+        slots: list[Slot] = []
+        for cert in certs:
+            slot = self.pool.for_fingerprint(cert.bundle.fingerprint_sha1)
+            if slot is None:
+                slot = await self._load(cert, exclude=[s.name for s in slots])
+            slots.append(slot)
+        if self.counters.loads == loads_before:
+            self.counters.map_only += 1  # e.g. a wildcard already loaded for a sibling
+        await self._add_map(host, slots)
+        return tuple(slots)
+
+    async def _load(self, cert: StoredCertificate, exclude: Sequence[str]) -> Slot:
+        """Put ``cert`` into a free, new or recycled slot (not one named in ``exclude``)."""
+        bundle = cert.bundle
         if self.pool.has_room():
             name, state = self.pool.next_name()
             if state is SlotState.NEW:
@@ -265,18 +288,16 @@ class Loader:
                         "add", "ssl", "crt-list", self.names.crt_list, name
                     ),
                 )
-            self.counters.loads += 1
         else:
-            victim = self.pool.victim(await self._last_seen())
+            victim = self.pool.victim(await self._last_seen(), exclude)
             name = victim.name
             await self._unmap(victim)
             await self._set_and_commit(name, bundle.pem)
-            self.counters.loads += 1
             self.counters.recycles += 1
-            log.debug("recycled %s for %s", name, host)
+            log.debug("recycled %s for %s", name, " ".join(bundle.names))
+        self.counters.loads += 1
         slot = Slot(name, bundle.fingerprint_sha1, cert.id, set(), self._clock())
         self.pool.place(slot)
-        await self._add_map(host, slot)
         return slot
 
     async def _set_and_commit(self, name: str, pem: bytes) -> None:
@@ -303,16 +324,17 @@ class Loader:
         log.info("aborted transaction on %s after a failed load: %s", name, reply[:120])
 
     async def _unmap(self, slot: Slot) -> None:
+        """Every host ``slot`` serves leaves the map (before its certificate changes)."""
         for host in sorted(slot.hosts):
             await self._del_map(host)
         self.pool.drop_hosts(slot)
 
-    async def _add_map(self, host: str, slot: Slot) -> None:
+    async def _add_map(self, host: str, slots: Sequence[Slot]) -> None:
         protocol.check_empty(
             "add map",
-            await self.client.execute("add", "map", self.names.map_path, host, slot.name),
+            await self.client.execute("add", "map", self.names.map_path, host, slots[0].name),
         )
-        self.pool.add_host(slot, host)
+        self.pool.map_host(host, slots)
 
     async def _del_map(self, host: str) -> None:
         protocol.check_del_map(
@@ -329,6 +351,21 @@ class Loader:
             )
             self._usage_at = now
         return self._usage
+
+    async def still_current(self) -> bool:
+        """True if the connection still talks to the HAProxy that serves new connections.
+
+        After a reload the writer's connection keeps talking to the old worker
+        until the watcher notices; a host the pool believes mapped but HAProxy
+        asks about is the sign of that.
+        """
+        if self.client.identity is None:
+            return False
+        try:
+            seen = await probe_identity(self.client.path, timeout=self.client.timeout)
+        except HAProxyError:
+            return False
+        return seen == self.client.identity
 
     async def hits_by_host(self) -> dict[str, int]:
         """Connection counts per tracked host (for ``status``)."""

@@ -42,7 +42,9 @@ class SlotPool:
         self.prefix = prefix
         self._slots: dict[str, Slot] = {}
         self._by_fingerprint: dict[str, Slot] = {}
-        self._by_host: dict[str, Slot] = {}
+        # host -> the slots serving it (two for an ECDSA + RSA pair); a host is here
+        # exactly while it is in HAProxy's loaded map
+        self._by_host: dict[str, tuple[Slot, ...]] = {}
         self._spare: list[str] = []  # slot names HAProxy knows but no crt-list line uses
         self._free: list[str] = []  # crt-list slots holding the placeholder certificate
 
@@ -66,8 +68,23 @@ class SlotPool:
     def is_slot_name(self, name: str) -> bool:
         return name.startswith(self.prefix)
 
-    def for_host(self, host: str) -> Slot | None:
-        return self._by_host.get(host)
+    def for_host(self, host: str) -> tuple[Slot, ...]:
+        """The slots serving ``host``; empty if the host is not mapped."""
+        return self._by_host.get(host, ())
+
+    def get(self, name: str) -> Slot | None:
+        return self._slots.get(name)
+
+    def recertify(self, slot: Slot, fingerprint: str, cert_id: str | None) -> None:
+        """``slot`` now holds another certificate (rotated in place); its hosts stay."""
+        if self._by_fingerprint.get(slot.fingerprint) is slot:
+            del self._by_fingerprint[slot.fingerprint]
+        slot.fingerprint = fingerprint
+        slot.cert_id = cert_id
+        self._by_fingerprint[fingerprint] = slot
+
+    def is_mapped(self, host: str) -> bool:
+        return host in self._by_host
 
     def for_fingerprint(self, fingerprint: str) -> Slot | None:
         return self._by_fingerprint.get(fingerprint)
@@ -118,30 +135,36 @@ class SlotPool:
             self._free.remove(slot.name)
         self._slots[slot.name] = slot
         self._by_fingerprint[slot.fingerprint] = slot
-        for host in slot.hosts:
-            self._by_host[host] = slot
-
-    def add_host(self, slot: Slot, host: str) -> None:
-        slot.hosts.add(host)
-        self._by_host[host] = slot
-
-    def remove_host(self, slot: Slot, host: str) -> None:
-        slot.hosts.discard(host)
-        if self._by_host.get(host) is slot:
-            del self._by_host[host]
-
-    def drop_hosts(self, slot: Slot) -> None:
         for host in list(slot.hosts):
-            self.remove_host(slot, host)
+            self.map_host(host, (*self.for_host(host), slot))
+
+    def map_host(self, host: str, slots: Iterable[Slot]) -> None:
+        """Record that ``host`` is mapped and served by ``slots``."""
+        self.unmap_host(host)
+        group = tuple(slots)
+        for slot in group:
+            slot.hosts.add(host)
+        self._by_host[host] = group
+
+    def unmap_host(self, host: str) -> None:
+        """``host`` left the map: none of its slots serves it any more."""
+        for slot in self._by_host.pop(host, ()):
+            slot.hosts.discard(host)
+
+    def drop_hosts(self, slot: Slot) -> list[str]:
+        """Unmap every host ``slot`` serves (also from their other slots); return them."""
+        hosts = sorted(slot.hosts)
+        for host in hosts:
+            self.unmap_host(host)
+        slot.hosts.clear()
+        return hosts
 
     def _forget(self, slot: Slot) -> None:
         if self._by_fingerprint.get(slot.fingerprint) is slot:
             del self._by_fingerprint[slot.fingerprint]
-        for host in slot.hosts:
-            if self._by_host.get(host) is slot:
-                del self._by_host[host]
+        self.drop_hosts(slot)
 
-    def victim(self, last_seen: Mapping[str, float]) -> Slot:
+    def victim(self, last_seen: Mapping[str, float], exclude: Iterable[str] = ()) -> Slot:
         """The slot least recently used by real traffic.
 
         ``last_seen`` maps hostnames to the time of their last connection (from
@@ -149,9 +172,11 @@ class SlotPool:
         hosts and its own load time, so a slot loaded a moment ago is not taken
         before its first connection shows in the table.
         """
-        if not self._slots:
+        excluded = set(exclude)
+        candidates = [s for s in self._slots.values() if s.name not in excluded]
+        if not candidates:
             raise LookupError("no slot to recycle")
-        return min(self._slots.values(), key=lambda s: recency(s, last_seen))
+        return min(candidates, key=lambda s: recency(s, last_seen))
 
 
 def recency(slot: Slot, last_seen: Mapping[str, float]) -> float:

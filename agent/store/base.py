@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from datetime import datetime
+from typing import Literal, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from agent import hostname
@@ -12,6 +13,9 @@ from agent.errors import CertificateError, StoreCorrupt
 from agent.pem import CertBundle, parse_bundle
 
 __all__ = [
+    "CertRecord",
+    "Change",
+    "Page",
     "Store",
     "StoredCertificate",
     "candidate_names",
@@ -21,6 +25,40 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CertRecord:
+    """A stored certificate's metadata.  Never carries key material (safe to return and log)."""
+
+    id: str
+    names: tuple[str, ...]
+    not_before: datetime
+    not_after: datetime
+    fingerprint_sha256: str
+    serial: str  # uppercase hex
+    key_type: str  # "ECDSA-P256", "RSA-2048", ...
+    version: int  # 1 on upload, +1 on every rotation
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Change:
+    """One write to the store, as seen by every agent watching it.
+
+    ``names`` holds the record's names before *and* after the write, so an agent
+    can find every loaded host the write may affect.
+    """
+
+    kind: Literal["put", "delete"]
+    id: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Page:
+    records: tuple[CertRecord, ...]
+    cursor: str | None  # pass back to get the next page; None at the end
 
 
 @dataclass(frozen=True)
@@ -47,8 +85,50 @@ class Store(Protocol):
         """
         ...
 
+    async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
+        """Every certificate for ``hostname`` (e.g. an ECDSA and an RSA one), best first.
+
+        Same precedence as :meth:`lookup`: the exact name's records if it has any,
+        otherwise the wildcard's.
+        """
+        ...
+
     async def put(self, bundle: CertBundle) -> str:
         """Store ``bundle`` and point every name in ``bundle.names`` at it; return its id."""
+        ...
+
+    async def add(self, bundle: CertBundle) -> CertRecord:
+        """Store a new record (validated by the caller); DuplicateCertificate if already stored."""
+        ...
+
+    async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
+        """Rotate: same id, new certificate and key, version + 1; NotFound if no such id."""
+        ...
+
+    async def delete(self, cert_id: str) -> CertRecord:
+        """Remove a record and its names; NotFound if no such id."""
+        ...
+
+    async def get(self, cert_id: str) -> CertRecord | None: ...
+
+    async def list(
+        self,
+        *,
+        name: str | None = None,
+        expiring_before: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Records by id order; ``name`` matches a record's names exactly (``*.x`` too)."""
+        ...
+
+    async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
+        """Writes after position ``after``, waiting up to ``timeout`` s; and the new position.
+
+        ``after=None`` means "from now": returns no changes and the current
+        position.  Raises ChangesLost if ``after`` is too old to replay (the
+        caller then reconciles everything it has loaded).
+        """
         ...
 
     async def ping(self) -> None:

@@ -97,6 +97,10 @@ class DirectoryStore:
             return None
         return check_record(self._uri, found.candidate.relative, names[0], found.chain, found.key)
 
+    async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
+        found = await self.lookup(hostname)
+        return () if found is None else (found,)
+
     async def put(self, bundle: CertBundle) -> str:
         """Write ``<root>/<name>.pem`` for every name; return the first one's path."""
         files = [f"{file_stem(name)}.pem" for name in bundle.names]

@@ -134,6 +134,10 @@ class RedisStore:
             return None
         return check_record(self._url, cert_id, name, pem)
 
+    async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
+        found = await self.lookup(hostname)
+        return () if found is None else (found,)
+
     async def put(self, bundle: CertBundle) -> str:
         cert_id = record_id(bundle)
         cert_key = self._keys.cert(cert_id)

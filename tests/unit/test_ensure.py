@@ -29,12 +29,13 @@ class MemoryStore:
         self.lookups: list[str] = []
         self.fail = False
 
-    async def lookup(self, hostname: str) -> StoredCertificate | None:
+    async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
         self.lookups.append(hostname)
         await asyncio.sleep(0.01)
         if self.fail:
             raise StoreUnavailable("redis down")
-        return self.certs.get(hostname)
+        found = self.certs.get(hostname)
+        return () if found is None else (found,)
 
 
 class RecordingLoader:
@@ -42,16 +43,30 @@ class RecordingLoader:
         self.pool = SlotPool(10, "/certagent/slot-")
         self.installs: list[str] = []
         self.error: Exception | None = None
+        self.current = True
+        self.resets: list[str] = []
 
-    async def install(self, host: str, cert: StoredCertificate, start_deadline: float) -> Slot:
+    async def install(
+        self, host: str, certs: tuple[StoredCertificate, ...], start_deadline: float
+    ) -> tuple[Slot, ...]:
         self.installs.append(host)
         await asyncio.sleep(0.01)
         if self.error is not None:
             raise self.error
-        s = Slot(self.pool.slot_name(len(self.installs)), cert.bundle.fingerprint_sha1, cert.id)
-        self.pool.place(s)
-        self.pool.add_host(s, host)
-        return s
+        slots = []
+        for cert in certs:
+            s = Slot(self.pool.slot_name(len(self.pool) + 1), cert.bundle.fingerprint_sha1, cert.id)
+            self.pool.place(s)
+            slots.append(s)
+        self.pool.map_host(host, slots)
+        return tuple(slots)
+
+    async def still_current(self) -> bool:
+        return self.current
+
+    async def reset(self, reason: str) -> None:
+        self.resets.append(reason)
+        self.pool.clear()
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +154,14 @@ async def test_store_down_is_an_error_not_a_negative(stored: StoredCertificate) 
     assert await ensurer.ensure(b"a.example.test") == Outcome.ERROR
     store.fail = False
     assert await ensurer.ensure(b"a.example.test") == Outcome.OK
+
+
+async def test_mapped_host_asked_again_after_unnoticed_reload_is_reloaded(
+    stored: StoredCertificate,
+) -> None:
+    ensurer, _, loader, _ = make(stored)
+    assert await ensurer.ensure(b"a.example.test") == Outcome.OK
+    loader.current = False  # HAProxy was reloaded: its map no longer has the host
+    assert await ensurer.ensure(b"a.example.test") == Outcome.OK
+    assert loader.installs == ["a.example.test", "a.example.test"]
+    assert len(loader.resets) == 1

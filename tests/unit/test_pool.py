@@ -10,6 +10,7 @@ PREFIX = "/certagent/slot-"
 def slot(pool: SlotPool, n: int, fp: str, *hosts: str, at: float = 0.0) -> Slot:
     s = Slot(pool.slot_name(n), fp, f"id-{fp}", set(hosts), at)
     pool.place(s)
+    assert all(pool.for_host(h) == (s,) for h in hosts)
     return s
 
 
@@ -35,10 +36,11 @@ def test_spare_names_are_reused_before_new_ones() -> None:
 def test_lookup_by_host_and_fingerprint() -> None:
     pool = SlotPool(5, PREFIX)
     s = slot(pool, 1, "W", "a.w.test")
-    pool.add_host(s, "b.w.test")
-    assert pool.for_host("b.w.test") is s
+    pool.map_host("b.w.test", [s])
+    assert pool.for_host("b.w.test") == (s,)
     assert pool.for_fingerprint("W") is s
-    assert pool.for_host("c.w.test") is None
+    assert pool.for_host("c.w.test") == ()
+    assert not pool.is_mapped("c.w.test")
 
 
 def test_recycling_a_slot_forgets_its_old_certificate_and_hosts() -> None:
@@ -47,10 +49,10 @@ def test_recycling_a_slot_forgets_its_old_certificate_and_hosts() -> None:
     pool.drop_hosts(old)
     new = Slot(old.name, "B", "id-B", {"b.test"}, 5.0)
     pool.place(new)
-    assert pool.for_host("a.test") is None
-    assert pool.for_host("a2.test") is None
+    assert not pool.is_mapped("a.test")
+    assert not pool.is_mapped("a2.test")
     assert pool.for_fingerprint("A") is None
-    assert pool.for_host("b.test") is new
+    assert pool.for_host("b.test") == (new,)
     assert pool.slots == (new,)
 
 
@@ -58,17 +60,48 @@ def test_place_over_an_existing_slot_without_drop_also_forgets() -> None:
     pool = SlotPool(1, PREFIX)
     slot(pool, 1, "A", "a.test")
     new = slot(pool, 1, "B", "b.test")
-    assert pool.for_host("a.test") is None
+    assert not pool.is_mapped("a.test")
     assert pool.for_fingerprint("B") is new
 
 
-def test_remove_host_only_touches_that_host() -> None:
+def test_unmap_host_only_touches_that_host() -> None:
     pool = SlotPool(2, PREFIX)
     s = slot(pool, 1, "A", "a.test", "b.test")
-    pool.remove_host(s, "a.test")
+    pool.unmap_host("a.test")
     assert s.hosts == {"b.test"}
-    assert pool.for_host("a.test") is None
-    assert pool.for_host("b.test") is s
+    assert not pool.is_mapped("a.test")
+    assert pool.for_host("b.test") == (s,)
+
+
+def test_dual_certificates_share_a_host_and_leave_together() -> None:
+    pool = SlotPool(3, PREFIX)
+    ec = slot(pool, 1, "EC")
+    rsa = slot(pool, 2, "RSA")
+    pool.map_host("d.test", [ec, rsa])
+    assert pool.for_host("d.test") == (ec, rsa)
+    assert rsa.hosts == {"d.test"}
+    pool.drop_hosts(ec)  # recycling the ECDSA slot unmaps the host entirely
+    assert not pool.is_mapped("d.test")
+    assert rsa.hosts == set()
+
+
+def test_recertify_keeps_hosts() -> None:
+    pool = SlotPool(2, PREFIX)
+    s = slot(pool, 1, "OLD", "a.test")
+    pool.recertify(s, "NEW", "id-NEW")
+    assert pool.for_fingerprint("OLD") is None
+    assert pool.for_fingerprint("NEW") is s
+    assert pool.for_host("a.test") == (s,)
+    assert pool.get(s.name) is s
+
+
+def test_victim_skips_excluded_slots() -> None:
+    pool = SlotPool(2, PREFIX)
+    old = slot(pool, 1, "A", "a.test", at=0.0)
+    slot(pool, 2, "B", "b.test", at=5.0)
+    assert pool.victim({}, exclude=[old.name]).fingerprint == "B"
+    with pytest.raises(LookupError):
+        pool.victim({}, exclude=[s.name for s in pool.slots])
 
 
 def test_victim_is_least_recently_used_by_traffic() -> None:
@@ -86,7 +119,7 @@ def test_victim_is_least_recently_used_by_traffic() -> None:
 def test_victim_counts_any_host_of_a_wildcard_slot() -> None:
     pool = SlotPool(2, PREFIX)
     w = slot(pool, 1, "W", "a.w.test", at=0.0)
-    pool.add_host(w, "b.w.test")
+    pool.map_host("b.w.test", [w])
     slot(pool, 2, "X", "x.test", at=10.0)
     assert pool.victim({"b.w.test": 20.0}).fingerprint == "X"
 
@@ -107,7 +140,7 @@ def test_clear() -> None:
     pool.add_spare("/certagent/slot-00009.pem")
     pool.clear()
     assert len(pool) == 0
-    assert pool.for_host("a.test") is None
+    assert not pool.is_mapped("a.test")
     assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
 
 
@@ -126,7 +159,7 @@ def test_free_slots_come_first_and_count_toward_capacity() -> None:
     slot(pool, 2, "B", "b.test")
     assert not pool.has_room()
     pool.add_free(a.name)
-    assert pool.for_host("a.test") is None
+    assert not pool.is_mapped("a.test")
     assert pool.for_fingerprint("A") is None
     assert pool.free_slots == (a.name,)
     assert pool.has_room()
