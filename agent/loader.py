@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agent import pem
 from agent.errors import AgentError, Busy, HAProxyError, HAProxyUnavailable, WrongTransaction
 from agent.hostname import covers
-from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table
+from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table, recency
 from agent.runtime import protocol
 from agent.runtime.client import Identity, RuntimeClient, probe_identity
 from agent.selfsigned import PLACEHOLDER_NAME, placeholder
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # Reconnect backoff after a failed connection to the runtime socket (seconds).
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 1.0
+# How often a recycling candidate may turn out to be in use before one is taken anyway.
+MAX_VICTIM_CHECKS = 8
 
 
 @dataclass(frozen=True)
@@ -289,7 +291,7 @@ class Loader:
                     ),
                 )
         else:
-            victim = self.pool.victim(await self._last_seen(), exclude)
+            victim = await self._pick_victim(exclude)
             name = victim.name
             await self._unmap(victim)
             await self._set_and_commit(name, bundle.pem)
@@ -340,6 +342,33 @@ class Loader:
         protocol.check_del_map(
             "del map", await self.client.execute("del", "map", self.names.map_path, host)
         )
+
+    async def _pick_victim(self, exclude: Sequence[str]) -> Slot:
+        """The least recently used slot, its usage re-read right before it is taken.
+
+        The table snapshot may be ``usage_refresh`` old; a host used since then
+        must not lose its slot, so the candidate's own hosts are looked up afresh
+        (``show table <t> key <host>``, one cheap command each) and, if they
+        were used meanwhile, the choice is made again.
+        """
+        seen = await self._last_seen()
+        for _ in range(MAX_VICTIM_CHECKS):
+            victim = self.pool.victim(seen, exclude)
+            before = recency(victim, seen)
+            now = self._clock()
+            for host in sorted(victim.hosts):
+                reply = await self.client.execute(
+                    "show", "table", self.names.usage_table, "key", host
+                )
+                fresh = last_seen_from_table(
+                    ((e.key, e.expire_ms) for e in protocol.parse_show_table(reply)),
+                    self.names.usage_expire_ms,
+                    now,
+                )
+                seen.update(fresh)
+            if recency(victim, seen) <= before:
+                return victim
+        return victim
 
     async def _last_seen(self) -> dict[str, float]:
         now = self._clock()

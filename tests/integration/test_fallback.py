@@ -1,0 +1,102 @@
+"""Names the agent cannot serve get the default certificate quickly; the agent can come and go."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.conftest import PKI, RedisFixture, Stack, StackFactory
+
+pytestmark = pytest.mark.integration
+
+
+def timed_hello(stack: Stack, host: str) -> tuple[bytes | None, float]:
+    """The certificate sent for ``host`` and the time from connect() to receiving it."""
+    started = time.perf_counter()
+    der = stack.hello(host.encode())
+    return der, time.perf_counter() - started
+
+
+def test_absent_name_gets_default_fast_and_is_cached(
+    make_stack: StackFactory, redis_store: RedisFixture, pki: PKI
+) -> None:
+    redis_store.put([pki.bundle("present.absent.test")])
+    stack = make_stack(redis_store.url, capacity=10)
+    assert stack.handshake("present.absent.test").san == ("present.absent.test",)
+
+    # Three first attempts on different absent names: each asks the store once.
+    names = [f"missing{i}.absent.test" for i in range(3)]
+    firsts = []
+    for name in names:
+        before = stack.status()["ensure"]
+        der, elapsed = timed_hello(stack, name)
+        after = stack.status()["ensure"]
+        assert der == stack.default_der, name
+        assert after["store_lookups"] == before["store_lookups"] + 1, name
+        assert after["unknown"] == before["unknown"] + 1, name
+        firsts.append(elapsed)
+    print(f"absent name, first attempt: {[f'{t * 1000:.1f} ms' for t in firsts]}")
+    assert min(firsts) < 0.050, firsts
+    assert max(firsts) < 0.5, firsts
+
+    # A second attempt within the negative-cache TTL does not ask the store again.
+    before = stack.status()["ensure"]
+    der, elapsed = timed_hello(stack, names[0])
+    after = stack.status()["ensure"]
+    print(f"absent name, cached: {elapsed * 1000:.1f} ms")
+    assert der == stack.default_der
+    assert after["store_lookups"] == before["store_lookups"]
+    assert after["negative_hits"] == before["negative_hits"] + 1
+    assert elapsed < 0.5
+
+
+def test_agent_down_then_back(
+    make_stack: StackFactory, redis_store: RedisFixture, pki: PKI
+) -> None:
+    warm = ["warm1.down.test", "warm2.down.test"]
+    cold = [f"cold{i}.down.test" for i in range(3)]
+    late = "late.down.test"
+    redis_store.put([pki.bundle(h) for h in [*warm, *cold, late]])
+    stack = make_stack(redis_store.url, capacity=10)
+    for host in warm:
+        assert stack.handshake(host).san == (host,)
+    assert stack.consistency_problems() == []
+
+    assert stack.stop_agent() == 0  # SIGTERM: drained and exited cleanly
+
+    # Cold hosts: the Lua action cannot reach the agent and falls back at once.
+    timings = []
+    for host in cold:
+        der, elapsed = timed_hello(stack, host)
+        assert der == stack.default_der, host
+        timings.append(elapsed)
+    print(f"agent down, cold host: {[f'{t * 1000:.1f} ms' for t in timings]}")
+    assert min(timings) < 0.100, timings
+    assert max(timings) < 0.5, timings
+    # Warm hosts never needed the agent.
+    for host in warm:
+        assert stack.handshake(host).san == (host,)
+
+    started = time.monotonic()
+    stack.start_agent(wait=False)
+    served_after = None
+    deadline = started + 5.0
+    while time.monotonic() < deadline:
+        try:
+            if stack.handshake(late).san == (late,):
+                served_after = time.monotonic() - started
+                break
+        except OSError:  # the default certificate does not verify yet
+            time.sleep(0.05)
+    print(f"agent restarted: cold host served after {served_after} s")
+    assert served_after is not None and served_after < 2.0
+
+    # The restarted agent adopted HAProxy's slots instead of loading duplicates.
+    status = stack.status()
+    assert status["loader"]["adoptions"] >= 1
+    assert status["slots_used"] == len(warm) + 1
+    assert stack.consistency_problems() == []
+    for host in [*warm, late]:
+        assert stack.handshake(host).san == (host,)
+    assert stack.serving_count("warm1.down.test") == 1  # loaded once, before the restart
