@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__, config
+from agent.certcli import CERT_COMMANDS, add_cert_commands, run_cert_command
 from agent.errors import AgentError
 from agent.runtime import protocol
 from agent.runtime.client import probe_identity, query
 from agent.scaffold import InitOptions, init
-from agent.store import open_store
+from agent.store import open_configured
 
 log = logging.getLogger("agent")
 
@@ -98,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ps.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     ps.add_argument("--json", action="store_true", help="print the raw JSON")
+    add_cert_commands(sub)
     return p
 
 
@@ -132,7 +134,7 @@ async def _check(settings: config.Settings) -> bool:
     except AgentError as exc:
         print(f"FAIL  HAProxy: {exc}")
         ok = False
-    store = open_store(settings.store, redis_prefix=settings.redis_prefix)
+    store = open_configured(settings)
     try:
         await store.ping()
         print(f"ok    store {store.describe()}")
@@ -181,6 +183,8 @@ def _print_status(st: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in CERT_COMMANDS:
+        return run_cert_command(args)
     try:
         if args.command == "init":
             settings = init(

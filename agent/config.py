@@ -100,11 +100,14 @@ class Settings:
 
 
 def parse_bind(value: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) -> ``(host, port)``; ConfigError if malformed."""
+    """``host:port`` (``[v6]:port``) -> ``(host, port)``; ConfigError if malformed.
+
+    Port 0 asks the kernel for a free port (tests).
+    """
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(
             f"api_bind must be host:port, e.g. 127.0.0.1:8089 or [::1]:8089, not {value!r}"
         )

@@ -8,8 +8,11 @@ import dataclasses
 import logging
 import os
 import signal
+import time
+from datetime import UTC, datetime
 from typing import Any
 
+from agent.api import LoadedSlot, loaded_slots, start_api
 from agent.config import Settings
 from agent.control import ControlServer
 from agent.ensure import Ensurer, NegativeCache
@@ -18,7 +21,7 @@ from agent.live import LiveUpdater
 from agent.loader import HAProxyNames, Loader
 from agent.pool import SlotPool
 from agent.runtime.client import RuntimeClient, probe_identity
-from agent.store import open_store
+from agent.store import open_configured
 from agent.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,17 @@ class Agent:
             ],
         }
 
+    async def loaded(self) -> list[LoadedSlot]:
+        """What HAProxy holds now, for ``GET /v1/loaded``."""
+        try:
+            hits = await self.loader.hits_by_host()
+        except HAProxyError as exc:
+            log.warning("loaded: cannot read the usage table: %s", exc)
+            hits = {}
+        return loaded_slots(
+            self.pool.slots, hits, now=datetime.now(UTC), monotonic_now=time.monotonic()
+        )
+
     async def watch_haproxy(self, stop: asyncio.Event) -> None:
         """Notice reloads and restarts (new worker pid or start time) and resynchronise."""
         interval = self.settings.watch_interval
@@ -114,16 +128,19 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    store = open_store(settings.store, redis_prefix=settings.redis_prefix)
+    store = open_configured(settings)
     agent = Agent(settings, store)
     try:
         await store.ping()
     except AgentError as exc:
         log.warning("store %s not reachable yet: %s", store.describe(), exc)
+    api = await start_api(
+        settings, store, loaded=agent.loaded, ready=lambda: agent.loader.identity is not None
+    )
     await agent.control.start()
     tasks = [
         asyncio.create_task(agent.watch_haproxy(stop), name="watch-haproxy"),
-        # TODO(lead): live-changes task once the stores implement changes()
+        asyncio.create_task(agent.live.run(stop), name="live-changes"),
     ]
 
     def supervise(task: asyncio.Task[None]) -> None:
@@ -146,6 +163,8 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     finally:
         log.info("stopping")
         await agent.control.close()
+        if api is not None:
+            await api.close()
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=DRAIN_SECONDS)

@@ -130,6 +130,14 @@ class ChangesLost(StoreError):
     """The change feed no longer holds the position asked for; reconcile everything."""
 
 
+class InvalidCursor(StoreError):
+    """A listing cursor this store did not hand out (a client error: ask from the start)."""
+
+
+class ReadOnlyRecord(StoreError):
+    """The record is managed outside the agent (e.g. by certbot) and cannot be written."""
+
+
 class StoreCorrupt(StoreError):
     """The store returned a record that does not validate."""
 

@@ -35,8 +35,10 @@ __all__ = [
     "CERTIFICATE",
     "KEY_LABELS",
     "CertBundle",
+    "LeafInfo",
     "normalise_pem",
     "parse_bundle",
+    "parse_leaf",
     "split_blocks",
 ]
 
@@ -176,7 +178,51 @@ def parse_bundle(chain_pem: bytes, key_pem: bytes | None = None) -> CertBundle:
         serial=leaf.serial_number,
         not_before=leaf.not_valid_before_utc,
         not_after=leaf.not_valid_after_utc,
-        key_type=_key_type(key),
+        key_type=_key_type(key.public_key()),
+    )
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    """What a certificate says about itself, read without its private key."""
+
+    names: tuple[str, ...]
+    fingerprint_sha1: str
+    fingerprint_sha256: str
+    serial: int
+    not_before: datetime
+    not_after: datetime
+    key_type: str
+
+
+def parse_leaf(chain_pem: bytes) -> LeafInfo:
+    """The facts of the first certificate in ``chain_pem`` (taken as the leaf); no key needed.
+
+    For listings: cheaper than :func:`parse_bundle` (no private key is loaded),
+    but it trusts the order of the file.  Same names and fingerprints as
+    :class:`CertBundle`.  Raises :class:`PemError` (no or unparseable
+    certificate) and :class:`NoNames`.
+    """
+    cert_blocks = [text for label, text in split_blocks(chain_pem) if label == CERTIFICATE]
+    if not cert_blocks:
+        raise PemError("no CERTIFICATE block found")
+    leaf = _load_certificate(cert_blocks[0], 0)
+    names = _names(leaf)
+    if not names:
+        raise NoNames("the certificate has no valid DNS name in its SAN or CN")
+    try:
+        public_key = leaf.public_key()
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise PemError("certificate #1 has an unsupported public key") from exc
+    der = leaf.public_bytes(serialization.Encoding.DER)
+    return LeafInfo(
+        names=names,
+        fingerprint_sha1=hashlib.sha1(der, usedforsecurity=False).hexdigest().upper(),
+        fingerprint_sha256=hashlib.sha256(der).hexdigest(),
+        serial=leaf.serial_number,
+        not_before=leaf.not_valid_before_utc,
+        not_after=leaf.not_valid_after_utc,
+        key_type=_key_type(public_key),
     )
 
 
@@ -241,15 +287,15 @@ def _names(cert: x509.Certificate) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _key_type(key: PrivateKeyTypes) -> str:
-    if isinstance(key, ec.EllipticCurvePrivateKey):
+def _key_type(key: CertificatePublicKeyTypes | PublicKeyTypes) -> str:
+    if isinstance(key, ec.EllipticCurvePublicKey):
         return _EC_CURVES.get(key.curve.name, f"ECDSA-{key.curve.name}")
-    if isinstance(key, rsa.RSAPrivateKey):
+    if isinstance(key, rsa.RSAPublicKey):
         return f"RSA-{key.key_size}"
-    if isinstance(key, ed25519.Ed25519PrivateKey):
+    if isinstance(key, ed25519.Ed25519PublicKey):
         return "Ed25519"
-    if isinstance(key, ed448.Ed448PrivateKey):
+    if isinstance(key, ed448.Ed448PublicKey):
         return "Ed448"
-    if isinstance(key, dsa.DSAPrivateKey):
+    if isinstance(key, dsa.DSAPublicKey):
         return f"DSA-{key.key_size}"
     return type(key).__name__

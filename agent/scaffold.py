@@ -11,6 +11,7 @@ from string import Template
 
 from agent import config
 from agent.errors import ConfigError
+from agent.keycrypt import generate_key_line
 from agent.selfsigned import self_signed
 
 # Unix socket paths must fit sockaddr_un.sun_path (108 bytes with the NUL).
@@ -78,11 +79,17 @@ def init(opts: InitOptions) -> config.Settings:
     os.chmod(run_dir, 0o700)
 
     store = opts.store
+    key_file = ""
     if "://" not in store or store.startswith("file://"):
         store_dir = Path(store.removeprefix("file://")).resolve()
         store_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(store_dir, 0o700)
         store = f"file://{store_dir}"
+    else:  # Redis: private keys are encrypted at rest with a data key of our own
+        key_path = directory / "data.key"
+        if not key_path.exists():
+            _write(key_path, generate_key_line("k1") + "\n", mode=0o600)
+        key_file = str(key_path)
 
     settings = config.Settings(
         store=store,
@@ -95,6 +102,7 @@ def init(opts: InitOptions) -> config.Settings:
         fallback=opts.fallback,
         haproxy_bufsize=opts.bufsize,
         load_deadline=1.0,
+        key_file=key_file,
     )
     cfg_path = directory / "haproxy.cfg"
     lua_path = directory / "certagent.lua"

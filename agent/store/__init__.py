@@ -9,12 +9,24 @@ import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from agent.config import Settings
 from agent.errors import ConfigError
-from agent.store.base import Store, StoredCertificate, redact_url
+from agent.keycrypt import KeyRing
+from agent.store.base import CertRecord, Change, Page, Store, StoredCertificate, redact_url
 from agent.store.directory import DirectoryStore
 from agent.store.redis import DEFAULT_PREFIX, RedisStore
 
-__all__ = ["DirectoryStore", "RedisStore", "Store", "StoredCertificate", "open_store"]
+__all__ = [
+    "CertRecord",
+    "Change",
+    "DirectoryStore",
+    "Page",
+    "RedisStore",
+    "Store",
+    "StoredCertificate",
+    "open_configured",
+    "open_store",
+]
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:[0-9]+\Z")
@@ -24,12 +36,16 @@ _EXAMPLES = (
 )
 
 
-def open_store(url: str, *, redis_prefix: str = DEFAULT_PREFIX) -> Store:
+def open_store(
+    url: str, *, redis_prefix: str = DEFAULT_PREFIX, keyring: KeyRing | None = None
+) -> Store:
     """The store named by ``url``; no I/O (call :meth:`Store.ping` to check it).
 
-    ``redis://``, ``rediss://`` and ``unix://`` give a :class:`RedisStore`;
-    ``file:///absolute/path`` or a plain path gives a :class:`DirectoryStore`.
-    Raises :class:`ConfigError` for anything else.
+    ``redis://``, ``rediss://`` and ``unix://`` give a :class:`RedisStore`,
+    which needs ``keyring`` (the ``key_file`` setting) to read or write
+    records; ``file:///absolute/path`` or a plain path gives a
+    :class:`DirectoryStore`, which ignores it (keys stay plaintext files, mode
+    0600).  Raises :class:`ConfigError` for anything else.
     """
     if not url or not url.strip():
         raise ConfigError(f"the store URL is empty; use {_EXAMPLES}")
@@ -40,7 +56,7 @@ def open_store(url: str, *, redis_prefix: str = DEFAULT_PREFIX) -> Store:
         return DirectoryStore(Path(url).expanduser())
     scheme = scheme.lower()
     if scheme in _REDIS_SCHEMES:
-        return RedisStore(url, prefix=redis_prefix)
+        return RedisStore(url, prefix=redis_prefix, keyring=keyring)
     if scheme == "file":
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
@@ -52,3 +68,9 @@ def open_store(url: str, *, redis_prefix: str = DEFAULT_PREFIX) -> Store:
             raise ConfigError(f"store URL {redact_url(url)!r}: a file URL takes no '?' or '#'")
         return DirectoryStore(Path(unquote(parts.path)))
     raise ConfigError(f"unsupported store URL scheme {scheme[:20]!r}; use {_EXAMPLES}")
+
+
+def open_configured(settings: Settings) -> Store:
+    """The store of ``settings``, with the key ring from ``key_file`` when one is set."""
+    keyring = KeyRing.from_file(settings.key_file) if settings.key_file else None
+    return open_store(settings.store, redis_prefix=settings.redis_prefix, keyring=keyring)

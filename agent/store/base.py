@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from agent import hostname
-from agent.errors import CertificateError, StoreCorrupt
-from agent.pem import CertBundle, parse_bundle
+from agent.errors import CertificateError, InvalidCursor, StoreCorrupt
+from agent.pem import CertBundle, LeafInfo, parse_bundle
 
 __all__ = [
     "CertRecord",
@@ -18,9 +21,13 @@ __all__ = [
     "Page",
     "Store",
     "StoredCertificate",
+    "best_first",
     "candidate_names",
     "check_record",
+    "decode_cursor",
+    "encode_cursor",
     "load_record",
+    "make_record",
     "redact_url",
 ]
 
@@ -77,28 +84,33 @@ class Store(Protocol):
     """
 
     async def lookup(self, hostname: str) -> StoredCertificate | None:
-        """The certificate for a validated, lowercase ``hostname``, or None.
+        """The best certificate for a validated, lowercase ``hostname``, or None.
 
-        Looks for the exact name first, then ``hostname.wildcard_for(hostname)``;
-        the first record found decides.  A record that does not parse, or whose
-        certificate does not cover ``hostname``, is logged and gives None.
+        The first of :meth:`lookup_all`.
         """
         ...
 
     async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
         """Every certificate for ``hostname`` (e.g. an ECDSA and an RSA one), best first.
 
-        Same precedence as :meth:`lookup`: the exact name's records if it has any,
-        otherwise the wildcard's.
+        Looks for the exact name first, then ``hostname.wildcard_for(hostname)``:
+        the exact name's records if it has any, otherwise the wildcard's.  A
+        record that does not parse, cannot be decrypted, or whose certificate
+        does not cover ``hostname`` is logged (never key material) and left
+        out.  Order: see :func:`best_first`.
         """
         ...
 
     async def put(self, bundle: CertBundle) -> str:
-        """Store ``bundle`` and point every name in ``bundle.names`` at it; return its id."""
+        """Store ``bundle`` unless already stored; return its id (for demos and tests)."""
         ...
 
     async def add(self, bundle: CertBundle) -> CertRecord:
-        """Store a new record (validated by the caller); DuplicateCertificate if already stored."""
+        """Store a new record (validated by the caller).
+
+        Raises DuplicateCertificate if the store already holds it (the Redis
+        store: the same leaf; the directory store: a file for its first name).
+        """
         ...
 
     async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
@@ -106,10 +118,12 @@ class Store(Protocol):
         ...
 
     async def delete(self, cert_id: str) -> CertRecord:
-        """Remove a record and its names; NotFound if no such id."""
+        """Remove a record and its names; return what it was.  NotFound if no such id."""
         ...
 
-    async def get(self, cert_id: str) -> CertRecord | None: ...
+    async def get(self, cert_id: str) -> CertRecord | None:
+        """A record's metadata, or None if there is no record ``cert_id``."""
+        ...
 
     async def list(
         self,
@@ -119,7 +133,13 @@ class Store(Protocol):
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page:
-        """Records by id order; ``name`` matches a record's names exactly (``*.x`` too)."""
+        """Records by id order, at most ``limit`` per page.
+
+        ``name`` matches a record's names exactly (``*.x`` too; InvalidHostname
+        if it is not a valid name); ``expiring_before`` keeps records whose
+        notAfter is strictly before it.  ``cursor`` is the opaque value of the
+        previous page (InvalidCursor if the store did not hand it out).
+        """
         ...
 
     async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
@@ -140,6 +160,63 @@ class Store(Protocol):
     def describe(self) -> str:
         """Where the store is, for logs: a URL without password."""
         ...
+
+
+def make_record(
+    cert_id: str, facts: CertBundle | LeafInfo, *, version: int, updated_at: datetime
+) -> CertRecord:
+    """The metadata of a record holding the certificate described by ``facts``."""
+    return CertRecord(
+        id=cert_id,
+        names=facts.names,
+        not_before=facts.not_before,
+        not_after=facts.not_after,
+        fingerprint_sha256=facts.fingerprint_sha256,
+        serial=format(facts.serial, "X"),
+        key_type=facts.key_type,
+        version=version,
+        updated_at=updated_at,
+    )
+
+
+def best_first(found: Iterable[StoredCertificate]) -> tuple[StoredCertificate, ...]:
+    """``found`` ordered best first: ECDSA before other keys, then later notAfter, then id."""
+    return tuple(
+        sorted(
+            found,
+            key=lambda s: (
+                not s.bundle.key_type.startswith("ECDSA"),
+                -s.bundle.not_after.timestamp(),
+                s.id,
+            ),
+        )
+    )
+
+
+_CURSOR_PREFIX = "c1."
+
+
+def encode_cursor(last_id: str) -> str:
+    """An opaque cursor meaning "the records after ``last_id``"."""
+    encoded = base64.urlsafe_b64encode(last_id.encode("utf-8")).rstrip(b"=").decode("ascii")
+    return _CURSOR_PREFIX + encoded
+
+
+def decode_cursor(cursor: str) -> str:
+    """The id :func:`encode_cursor` encoded; InvalidCursor for anything else."""
+    if not cursor.startswith(_CURSOR_PREFIX) or len(cursor) > 400:
+        raise InvalidCursor("the cursor is not one this store handed out; list from the start")
+    encoded = cursor[len(_CURSOR_PREFIX) :]
+    try:
+        raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True)
+        last_id = raw.decode("utf-8")
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidCursor(
+            "the cursor is not one this store handed out; list from the start"
+        ) from exc
+    if not last_id:
+        raise InvalidCursor("the cursor is empty; list from the start")
+    return last_id
 
 
 def candidate_names(name: str) -> tuple[str, ...]:

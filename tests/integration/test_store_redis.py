@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
 import shutil
 import socket
@@ -10,18 +12,34 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
+from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import AbstractConnection
 
-from agent.errors import InvalidHostname, StoreUnavailable
+from agent import keycrypt
+from agent.errors import (
+    ChangesLost,
+    ConfigError,
+    DuplicateCertificate,
+    InvalidCursor,
+    InvalidHostname,
+    NotFound,
+    StoreUnavailable,
+)
+from agent.keycrypt import KeyRing
 from agent.pem import CertBundle, parse_bundle
 from agent.store import RedisStore, open_store
-from agent.store.base import Store
-from agent.store.redis import Keys, record_id
-from tests.certs import CA, issue, make_ca, shared_key
+from agent.store.base import CertRecord, Change, Store
+from agent.store.redis import Keys
+from tests.certs import CA, KeyType, issue, make_ca, shared_key
 
 pytestmark = pytest.mark.integration
+
+KEYS = Keys()
+EVENTS = KEYS.events()
 
 
 @dataclass(frozen=True)
@@ -35,10 +53,13 @@ class RedisServer:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    for _ in range(20):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port != 6379:
+            return port
+    raise RuntimeError("no free port")
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline: float) -> None:
@@ -57,7 +78,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline: float) -> No
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis_instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed")
@@ -91,17 +112,29 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 @pytest.fixture
-async def raw(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+async def raw(redis_instance: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
     """A plain client to inspect and tamper with the key layout; flushes the db first."""
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=False)
+    client = redis.asyncio.Redis.from_url(redis_instance.url, decode_responses=False)
     await client.flushdb()
     yield client
     await client.aclose()
 
 
+@pytest.fixture(scope="module")
+def k1_line() -> str:
+    return keycrypt.generate_key_line("k1")
+
+
+@pytest.fixture(scope="module")
+def ring(k1_line: str) -> KeyRing:
+    return KeyRing.from_text(k1_line)
+
+
 @pytest.fixture
-async def store(redis_server: RedisServer, raw: redis.asyncio.Redis) -> AsyncIterator[RedisStore]:
-    s = RedisStore(redis_server.url)
+async def store(
+    redis_instance: RedisServer, raw: redis.asyncio.Redis, ring: KeyRing
+) -> AsyncIterator[RedisStore]:
+    s = RedisStore(redis_instance.url, keyring=ring)
     yield s
     await s.close()
 
@@ -111,79 +144,226 @@ def ca() -> CA:
     return make_ca()
 
 
-def bundle_for(ca: CA, *names: str) -> CertBundle:
-    return parse_bundle(*issue(ca, *names, key=shared_key()))
+def bundle_for(
+    ca: CA, *names: str, key_type: KeyType = "ec", not_after: dt.datetime | None = None
+) -> CertBundle:
+    return parse_bundle(*issue(ca, *names, key=shared_key(key_type), not_after=not_after))
 
 
-KEYS = Keys()
+def key_block(bundle: CertBundle) -> bytes:
+    return bundle.pem[bundle.pem.index(b"-----BEGIN PRIVATE KEY") :]
 
 
-# --- put and the key layout ------------------------------------------------------------------
+def chain_part(bundle: CertBundle) -> bytes:
+    return bundle.pem[: bundle.pem.index(b"-----BEGIN PRIVATE KEY")]
 
 
-async def test_put_writes_the_documented_layout(
-    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+async def events(raw: redis.asyncio.Redis) -> list[dict[bytes, bytes]]:
+    return [fields for _, fields in await raw.xrange(EVENTS)]
+
+
+async def all_values(raw: redis.asyncio.Redis) -> dict[bytes, list[bytes]]:
+    """Every key and every value (hash fields, members, stream fields) in the db."""
+    found: dict[bytes, list[bytes]] = {}
+    async for key in raw.scan_iter(count=1000):
+        kind = await raw.type(key)
+        values: list[bytes]
+        if kind == b"string":
+            values = [await raw.get(key)]
+        elif kind == b"hash":
+            values = [v for pair in (await raw.hgetall(key)).items() for v in pair]
+        elif kind == b"set":
+            values = list(await raw.smembers(key))
+        elif kind == b"zset":
+            values = list(await raw.zrange(key, 0, -1))
+        elif kind == b"stream":
+            values = [
+                v
+                for entry_id, fields in await raw.xrange(key)
+                for v in (entry_id, *fields.keys(), *fields.values())
+            ]
+        else:
+            raise AssertionError(f"unexpected {kind!r} at {key!r}")
+        found[key] = values
+    return found
+
+
+# --- add and the key layout ----------------------------------------------------------------
+
+
+async def test_add_writes_the_documented_layout(
+    store: RedisStore, raw: redis.asyncio.Redis, ring: KeyRing, ca: CA
 ) -> None:
     bundle = bundle_for(ca, "a.example.test", "*.example.test")
-    cert_id = await store.put(bundle)
+    record = await store.add(bundle)
+    cert_id = record.id
 
-    assert cert_id == bundle.fingerprint_sha256[:32] == record_id(bundle)
-    assert await raw.hgetall(f"certagent:cert:{cert_id}") == {
-        b"pem": bundle.pem,
+    assert len(cert_id) == 16
+    int(cert_id, 16)
+    fields = await raw.hgetall(f"certagent:cert:{cert_id}")
+    token = fields.pop(b"key")
+    assert token.startswith(b"cak1:k1:")
+    assert keycrypt.decrypt(ring, token, cert_id.encode()) == key_block(bundle)
+    assert fields == {
+        b"chain": chain_part(bundle),
         b"names": b"a.example.test *.example.test",
+        b"fingerprint_sha1": bundle.fingerprint_sha1.encode(),
+        b"fingerprint_sha256": bundle.fingerprint_sha256.encode(),
+        b"serial": format(bundle.serial, "X").encode(),
+        b"key_type": b"ECDSA-P256",
+        b"not_before": bundle.not_before.strftime("%Y-%m-%dT%H:%M:%SZ").encode(),
+        b"not_after": bundle.not_after.strftime("%Y-%m-%dT%H:%M:%SZ").encode(),
+        b"version": b"1",
+        b"updated_at": record.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ").encode(),
     }
-    assert await raw.get("certagent:name:a.example.test") == cert_id.encode()
-    assert await raw.get("certagent:name:*.example.test") == cert_id.encode()
+    assert await raw.smembers("certagent:name:a.example.test") == {cert_id.encode()}
+    assert await raw.smembers("certagent:name:*.example.test") == {cert_id.encode()}
+    assert await raw.get(f"certagent:fp:{bundle.fingerprint_sha256}") == cert_id.encode()
+    assert await raw.zrange("certagent:ids", 0, -1, withscores=True) == [(cert_id.encode(), 0)]
+    assert await raw.zrange("certagent:expiry", 0, -1, withscores=True) == [
+        (cert_id.encode(), bundle.not_after.timestamp())
+    ]
+    assert await events(raw) == [
+        {b"kind": b"put", b"id": cert_id.encode(), b"names": b"a.example.test *.example.test"}
+    ]
     assert sorted(await raw.keys("*")) == sorted(
-        [
-            f"certagent:cert:{cert_id}".encode(),
-            b"certagent:name:a.example.test",
-            b"certagent:name:*.example.test",
+        k.encode()
+        for k in [
+            f"certagent:cert:{cert_id}",
+            "certagent:name:a.example.test",
+            "certagent:name:*.example.test",
+            f"certagent:fp:{bundle.fingerprint_sha256}",
+            "certagent:ids",
+            "certagent:expiry",
+            "certagent:events",
         ]
     )
 
 
-async def test_put_is_idempotent(store: RedisStore, raw: redis.asyncio.Redis, ca: CA) -> None:
+async def test_add_returns_the_record(store: RedisStore, ca: CA) -> None:
+    bundle = bundle_for(ca, "a.example.test", "b.example.test", key_type="rsa")
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    record = await store.add(bundle)
+    assert record.names == ("a.example.test", "b.example.test")
+    assert record.fingerprint_sha256 == bundle.fingerprint_sha256
+    assert record.serial == format(bundle.serial, "X")
+    assert record.key_type == "RSA-2048"
+    assert (record.not_before, record.not_after) == (bundle.not_before, bundle.not_after)
+    assert record.version == 1
+    assert record.updated_at >= before
+    stored = await store.get(record.id)
+    assert stored is not None
+    assert stored == record
+
+
+async def test_add_refuses_a_duplicate(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+) -> None:
     bundle = bundle_for(ca, "a.example.test")
-    assert await store.put(bundle) == await store.put(bundle)
-    assert len(await raw.keys("*")) == 2
+    record = await store.add(bundle)
+    with pytest.raises(DuplicateCertificate, match=record.id):
+        await store.add(bundle)
+    assert len(await events(raw)) == 1
+    assert await store.put(bundle) == record.id  # put is idempotent
+    assert len(await raw.keys("certagent:cert:*")) == 1
 
 
-async def test_custom_prefix(redis_server: RedisServer, raw: redis.asyncio.Redis, ca: CA) -> None:
-    store = RedisStore(redis_server.url, prefix="t1:")
-    try:
-        bundle = bundle_for(ca, "a.example.test")
-        cert_id = await store.put(bundle)
-        assert await raw.exists(f"t1:cert:{cert_id}", "t1:name:a.example.test") == 2
-        assert await raw.keys("certagent:*") == []
-        found = await store.lookup("a.example.test")
-        assert found is not None
-        assert found.bundle == bundle
-        default = RedisStore(redis_server.url)
-        try:
-            assert await default.lookup("a.example.test") is None
-        finally:
-            await default.close()
-    finally:
-        await store.close()
+async def test_concurrent_adds_of_one_certificate(store: RedisStore, ca: CA) -> None:
+    bundle = bundle_for(ca, "a.example.test")
+    results = await asyncio.gather(*(store.add(bundle) for _ in range(8)), return_exceptions=True)
+    added = [r for r in results if not isinstance(r, BaseException)]
+    assert len(added) == 1
+    assert all(isinstance(r, DuplicateCertificate) for r in results if r not in added)
+    assert len(await store.lookup_all("a.example.test")) == 1
 
 
-# --- lookup -------------------------------------------------------------------------------------
-
-
-async def test_lookup_exact(store: RedisStore, ca: CA) -> None:
+async def test_put_returns_the_new_id(store: RedisStore, ca: CA) -> None:
     bundle = bundle_for(ca, "a.example.test")
     cert_id = await store.put(bundle)
     found = await store.lookup("a.example.test")
     assert found is not None
     assert found.id == cert_id
     assert found.bundle == bundle
+
+
+async def test_no_keyring(redis_instance: RedisServer, store: RedisStore, ca: CA) -> None:
+    await store.add(bundle_for(ca, "a.example.test"))
+    bare = RedisStore(redis_instance.url)
+    try:
+        with pytest.raises(ConfigError, match="key_file"):
+            await bare.add(bundle_for(ca, "b.example.test"))
+        with pytest.raises(ConfigError, match="key_file"):
+            await bare.put(bundle_for(ca, "b.example.test"))
+        with pytest.raises(ConfigError, match="key_file"):
+            await bare.lookup("a.example.test")
+        assert await bare.lookup("c.example.test") is None  # nothing to decrypt
+        assert (await bare.list()).records  # metadata needs no key
+    finally:
+        await bare.close()
+
+
+# --- no key material in Redis ----------------------------------------------------------------
+
+
+async def test_no_private_key_anywhere_in_redis(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+) -> None:
+    bundles = [
+        bundle_for(ca, "a.example.test"),
+        bundle_for(ca, "a.example.test", key_type="rsa"),
+        bundle_for(ca, "*.example.test", "example.test"),
+        parse_bundle(*issue(ca, "b.example.test")),  # a key of its own
+    ]
+    records = [await store.add(b) for b in bundles]
+    await store.replace(records[0].id, bundle_for(ca, "a.example.test", "c.example.test"))
+    await store.delete(records[3].id)
+
+    # Base64 lines of the keys; a line can also be in a certificate (public-key bytes).
+    chains = b"".join(chain_part(b) for b in bundles)
+    key_lines = {
+        line
+        for b in bundles
+        for line in key_block(b).splitlines()
+        if line and not line.startswith(b"-----") and line not in chains
+    }
+    assert len(key_lines) >= 8
+    found = await all_values(raw)
+    assert len(found) >= 10
+    for key, values in found.items():
+        for value in [key, *values]:
+            assert b"PRIVATE KEY" not in value, key
+            assert not any(line in value for line in key_lines), key
+
+
+# --- lookup ----------------------------------------------------------------------------------
+
+
+async def test_lookup_exact(store: RedisStore, ca: CA) -> None:
+    bundle = bundle_for(ca, "a.example.test")
+    record = await store.add(bundle)
+    found = await store.lookup("a.example.test")
+    assert found is not None
+    assert found.id == record.id
+    assert found.bundle == bundle
     assert await store.lookup("b.example.test") is None
+    assert await store.lookup_all("b.example.test") == ()
+
+
+async def test_lookup_all_prefers_ecdsa(store: RedisStore, ca: CA) -> None:
+    rsa = bundle_for(ca, "a.example.test", key_type="rsa")
+    ecdsa = bundle_for(ca, "a.example.test")
+    rsa_id = (await store.add(rsa)).id
+    ecdsa_id = (await store.add(ecdsa)).id
+    found = await store.lookup_all("a.example.test")
+    assert [(s.id, s.bundle) for s in found] == [(ecdsa_id, ecdsa), (rsa_id, rsa)]
+    best = await store.lookup("a.example.test")
+    assert best is not None
+    assert best.id == ecdsa_id
 
 
 async def test_lookup_wildcard(store: RedisStore, ca: CA) -> None:
     bundle = bundle_for(ca, "*.example.test")
-    await store.put(bundle)
+    await store.add(bundle)
     found = await store.lookup("a.example.test")
     assert found is not None
     assert found.bundle == bundle
@@ -192,161 +372,548 @@ async def test_lookup_wildcard(store: RedisStore, ca: CA) -> None:
     assert await store.lookup("a.other.test") is None
 
 
-async def test_exact_beats_wildcard(store: RedisStore, ca: CA) -> None:
-    wildcard = bundle_for(ca, "*.example.test")
-    exact = bundle_for(ca, "a.example.test")
-    await store.put(exact)
-    await store.put(wildcard)
-    found = await store.lookup("a.example.test")
-    assert found is not None
-    assert found.bundle == exact
-    found = await store.lookup("b.example.test")
-    assert found is not None
-    assert found.bundle == wildcard
+async def test_exact_name_beats_wildcard(store: RedisStore, ca: CA) -> None:
+    wildcard_ec = bundle_for(ca, "*.example.test")
+    wildcard_rsa = bundle_for(ca, "*.example.test", key_type="rsa")
+    exact = bundle_for(ca, "a.example.test", key_type="rsa")
+    for bundle in (wildcard_ec, exact, wildcard_rsa):
+        await store.add(bundle)
+    assert [s.bundle for s in await store.lookup_all("a.example.test")] == [exact]
+    assert [s.bundle for s in await store.lookup_all("b.example.test")] == [
+        wildcard_ec,
+        wildcard_rsa,
+    ]
 
 
-async def test_lookup_is_two_round_trips(
-    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+async def test_lookup_all_is_two_round_trips(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await store.put(bundle_for(ca, "*.example.test"))
+    for key_type in ("ec", "rsa"):
+        await store.add(bundle_for(ca, "*.example.test", key_type=key_type))
     await store.ping()  # connect (HELLO/CLIENT SETINFO) before counting
+    sent: list[object] = []
+    original = AbstractConnection.send_packed_command
+
+    async def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent.append(command)
+        await original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
     await raw.config_resetstat()
-    assert await store.lookup("a.example.test") is not None
+    sent.clear()
+    found = await store.lookup_all("a.example.test")
+    assert len(found) == 2
+    assert len(sent) == 2
     stats = await raw.info("commandstats")
     calls = {
         name.removeprefix("cmdstat_"): value["calls"]
         for name, value in stats.items()
         if name not in ("cmdstat_info", "cmdstat_config|resetstat")
     }
-    assert calls == {"mget": 1, "hget": 1}
+    assert calls == {"smembers": 2, "hmget": 2}
 
 
 async def test_invalid_hostname_is_rejected(store: RedisStore, raw: redis.asyncio.Redis) -> None:
-    await raw.set("certagent:name:../x", b"whatever")
+    await raw.sadd("certagent:name:../x", b"whatever")
     for name in ("../x", "*.example.test", "a b.test", "localhost"):
         with pytest.raises(InvalidHostname):
             await store.lookup(name)
+        with pytest.raises(InvalidHostname):
+            await store.lookup_all(name)
 
 
-# --- reindexing ---------------------------------------------------------------------------------
+# --- replace and delete ------------------------------------------------------------------------
 
 
-async def test_put_reindexes_names(store: RedisStore, raw: redis.asyncio.Redis, ca: CA) -> None:
-    first = bundle_for(ca, "a.example.test", "b.example.test")
-    second = bundle_for(ca, "a.example.test", "c.example.test")
-    first_id = await store.put(first)
-    second_id = await store.put(second)
+async def test_replace(store: RedisStore, raw: redis.asyncio.Redis, ca: CA) -> None:
+    old = bundle_for(ca, "a.example.test", "b.example.test")
+    new = bundle_for(ca, "a.example.test", "c.example.test", key_type="rsa")
+    first = await store.add(old)
+    record = await store.replace(first.id, new)
 
-    found_a = await store.lookup("a.example.test")
-    found_b = await store.lookup("b.example.test")
-    found_c = await store.lookup("c.example.test")
-    assert found_a is not None
-    assert found_a.id == second_id
-    assert found_b is not None
-    assert found_b.id == first_id  # still served by the older record that has it
-    assert found_c is not None
-    assert found_c.id == second_id
-    # The old record stays (b still points to it).
-    assert await raw.exists(KEYS.cert(first_id)) == 1
+    assert record.id == first.id
+    assert record.version == 2
+    assert record.names == ("a.example.test", "c.example.test")
+    assert record.fingerprint_sha256 == new.fingerprint_sha256
+    assert await store.get(first.id) == record
+    found = await store.lookup("c.example.test")
+    assert found is not None
+    assert (found.id, found.bundle) == (first.id, new)
+    assert await store.lookup("b.example.test") is None
+    assert await raw.exists("certagent:name:b.example.test") == 0
+    assert await raw.get(f"certagent:fp:{old.fingerprint_sha256}") is None
+    assert await raw.get(f"certagent:fp:{new.fingerprint_sha256}") == first.id.encode()
+    assert await raw.zscore("certagent:expiry", first.id) == new.not_after.timestamp()
+    assert (await events(raw))[-1] == {
+        b"kind": b"put",
+        b"id": first.id.encode(),
+        b"names": b"a.example.test c.example.test b.example.test",
+    }
+    again = await store.replace(first.id, new)  # the same certificate again: a new version
+    assert again.version == 3
 
 
-async def test_put_drops_stale_names_of_the_same_record(
+async def test_replace_errors(store: RedisStore, ca: CA) -> None:
+    one = await store.add(bundle_for(ca, "a.example.test"))
+    other = bundle_for(ca, "b.example.test")
+    await store.add(other)
+    with pytest.raises(NotFound):
+        await store.replace("0123456789abcdef", bundle_for(ca, "a.example.test"))
+    with pytest.raises(NotFound):
+        await store.replace("../../x", bundle_for(ca, "a.example.test"))
+    with pytest.raises(DuplicateCertificate):
+        await store.replace(one.id, other)
+    assert (await store.get(one.id)) == one
+
+
+async def test_concurrent_replaces_keep_the_index_consistent(
     store: RedisStore, raw: redis.asyncio.Redis, ca: CA
 ) -> None:
-    bundle = bundle_for(ca, "a.example.test")
-    cert_id = record_id(bundle)
-    # A previous version of this record claimed more names (e.g. written by an older tool).
-    await raw.hset(
-        KEYS.cert(cert_id),
-        mapping={"pem": bundle.pem, "names": "a.example.test old.example.test moved.example.test"},
+    record = await store.add(bundle_for(ca, "a.example.test"))
+    bundles = [bundle_for(ca, "a.example.test", f"n{i}.example.test") for i in range(6)]
+    results = await asyncio.gather(
+        *(store.replace(record.id, b) for b in bundles), return_exceptions=True
     )
-    await raw.set(KEYS.name("old.example.test"), cert_id)
-    await raw.set(KEYS.name("moved.example.test"), "f" * 32)  # already points elsewhere
+    done = [r for r in results if not isinstance(r, BaseException)]
+    assert done, results
+    final = await store.get(record.id)
+    assert final is not None
+    assert final.version == 1 + len(done)
+    name_keys = sorted(k.decode() for k in await raw.keys("certagent:name:*"))
+    assert name_keys == sorted(f"certagent:name:{n}" for n in final.names)
+    assert len(await raw.keys("certagent:fp:*")) == 1
+    assert len(await events(raw)) == 1 + len(done)
 
-    assert await store.put(bundle) == cert_id
 
-    assert await raw.get(KEYS.name("old.example.test")) is None
-    assert await raw.get(KEYS.name("moved.example.test")) == b"f" * 32
-    assert await raw.hget(KEYS.cert(cert_id), "names") == b"a.example.test"
-    assert await raw.get(KEYS.name("a.example.test")) == cert_id.encode()
+async def test_delete(store: RedisStore, raw: redis.asyncio.Redis, ca: CA) -> None:
+    keep = await store.add(bundle_for(ca, "a.example.test"))
+    gone_bundle = bundle_for(ca, "a.example.test", "*.example.test", key_type="rsa")
+    gone = await store.add(gone_bundle)
+    before = sorted(await raw.keys("*"))
+
+    assert await store.delete(gone.id) == gone
+    assert await store.get(gone.id) is None
+    assert [s.id for s in await store.lookup_all("a.example.test")] == [keep.id]
+    assert await store.lookup("b.example.test") is None
+    after = sorted(await raw.keys("*"))
+    assert set(before) - set(after) == {
+        f"certagent:cert:{gone.id}".encode(),
+        f"certagent:fp:{gone_bundle.fingerprint_sha256}".encode(),
+        b"certagent:name:*.example.test",
+    }
+    assert await raw.zrange("certagent:ids", 0, -1) == [keep.id.encode()]
+    assert await raw.zrange("certagent:expiry", 0, -1) == [keep.id.encode()]
+    assert (await events(raw))[-1] == {
+        b"kind": b"delete",
+        b"id": gone.id.encode(),
+        b"names": b"a.example.test *.example.test",
+    }
+    with pytest.raises(NotFound):
+        await store.delete(gone.id)
+    with pytest.raises(NotFound):
+        await store.delete("no such id!")
 
 
-async def test_put_replaces_extra_hash_fields(
+async def test_get_unknown(store: RedisStore) -> None:
+    assert await store.get("0123456789abcdef") is None
+    assert await store.get("../etc/passwd") is None
+    assert await store.get("") is None
+
+
+async def test_each_write_is_one_transaction_with_its_event(
+    store: RedisStore, ca: CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transactions: list[list[str]] = []
+    original = Pipeline._execute_transaction
+
+    async def spy(self: Pipeline, connection: Any, commands: Any, raise_on_error: bool) -> Any:
+        transactions.append([str(args[0]).upper() for args, _ in commands])
+        return await original(self, connection, commands, raise_on_error)
+
+    monkeypatch.setattr(Pipeline, "_execute_transaction", spy)
+    record = await store.add(bundle_for(ca, "a.example.test", "b.example.test"))
+    await store.replace(record.id, bundle_for(ca, "a.example.test", "c.example.test"))
+    await store.delete(record.id)
+    writes = [t for t in transactions if "XADD" in t]
+    assert len(writes) == 3
+    add, replace, delete = writes
+    assert {"HSET", "SET", "SADD", "ZADD", "XADD"} <= set(add)
+    assert {"DEL", "HSET", "SET", "SADD", "SREM", "ZADD", "XADD"} <= set(replace)
+    assert {"DEL", "SREM", "ZREM", "XADD"} <= set(delete)
+
+
+async def test_readers_never_see_data_without_its_event(
     store: RedisStore, raw: redis.asyncio.Redis, ca: CA
 ) -> None:
+    """Sampled atomically, the number of records always equals the number of events."""
+    bundles = [bundle_for(ca, f"h{i}.example.test") for i in range(20)]
+    samples: list[tuple[int, int]] = []
+    stop = asyncio.Event()
+
+    async def observe() -> None:
+        while not stop.is_set():
+            async with raw.pipeline(transaction=True) as pipe:
+                pipe.zcard(KEYS.ids())
+                pipe.xlen(EVENTS)
+                records, entries = await pipe.execute()
+                samples.append((records, entries))
+            await asyncio.sleep(0)
+
+    observer = asyncio.create_task(observe())
+    await asyncio.gather(*(store.add(b) for b in bundles))
+    stop.set()
+    await observer
+    assert samples
+    assert all(records == entries for records, entries in samples), samples
+    assert await raw.xlen(EVENTS) == 20
+
+
+# --- list ----------------------------------------------------------------------------------------
+
+
+async def test_list_pages_in_id_order(store: RedisStore, ca: CA) -> None:
+    added = [await store.add(bundle_for(ca, f"h{i}.example.test")) for i in range(5)]
+    seen: list[CertRecord] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await store.list(cursor=cursor, limit=2)
+        pages += 1
+        seen.extend(page.records)
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert pages == 3
+    assert [r.id for r in seen] == sorted(r.id for r in added)
+    assert sorted(seen, key=lambda r: r.id) == sorted(added, key=lambda r: r.id)
+    assert (await store.list(limit=5)).cursor is None
+
+
+async def test_list_filters(store: RedisStore, ca: CA) -> None:
+    now = dt.datetime.now(dt.UTC)
+    soon = await store.add(bundle_for(ca, "a.example.test", not_after=now + dt.timedelta(days=5)))
+    late = await store.add(
+        bundle_for(ca, "a.example.test", key_type="rsa", not_after=now + dt.timedelta(days=60))
+    )
+    other = await store.add(bundle_for(ca, "*.example.test", not_after=now + dt.timedelta(days=6)))
+
+    by_name = await store.list(name="a.example.test")
+    assert {r.id for r in by_name.records} == {soon.id, late.id}
+    assert [r.id for r in (await store.list(name="*.example.test")).records] == [other.id]
+    assert (await store.list(name="b.example.test")).records == ()
+
+    expiring = await store.list(expiring_before=now + dt.timedelta(days=30))
+    assert [r.id for r in expiring.records] == sorted([soon.id, other.id])
+    both = await store.list(name="a.example.test", expiring_before=now + dt.timedelta(days=30))
+    assert [r.id for r in both.records] == [soon.id]
+
+    first = await store.list(expiring_before=now + dt.timedelta(days=30), limit=1)
+    assert len(first.records) == 1
+    assert first.cursor is not None
+    rest = await store.list(expiring_before=now + dt.timedelta(days=30), cursor=first.cursor)
+    assert [r.id for r in first.records + rest.records] == sorted([soon.id, other.id])
+    assert rest.cursor is None
+
+
+async def test_list_rejects_bad_arguments(store: RedisStore) -> None:
+    with pytest.raises(InvalidCursor):
+        await store.list(cursor="garbage")
+    with pytest.raises(InvalidCursor):
+        await store.list(cursor="c1.!!!")
+    with pytest.raises(InvalidHostname):
+        await store.list(name="../x")
+    with pytest.raises(ValueError, match="limit"):
+        await store.list(limit=0)
+
+
+# --- change feed ---------------------------------------------------------------------------------
+
+
+async def test_changes_from_an_empty_store(store: RedisStore, ca: CA) -> None:
+    changes, position = await store.changes(None, 0)
+    assert (changes, position) == ((), "0-0")
+    assert await store.changes(position, 0) == ((), "0-0")
+    record = await store.add(bundle_for(ca, "a.example.test"))
+    changes, position = await store.changes(position, 0)
+    assert changes == (Change("put", record.id, ("a.example.test",)),)
+    assert position != "0-0"
+
+
+async def test_changes_after_a_position(store: RedisStore, ca: CA) -> None:
+    first = await store.add(bundle_for(ca, "a.example.test"))
+    changes, start = await store.changes(None, 0)
+    assert changes == ()
+    record = await store.add(bundle_for(ca, "b.example.test", "*.example.test"))
+    await store.replace(first.id, bundle_for(ca, "a.example.test", "c.example.test"))
+    await store.delete(record.id)
+    changes, position = await store.changes(start, 5)
+    assert changes == (
+        Change("put", record.id, ("b.example.test", "*.example.test")),
+        Change("put", first.id, ("a.example.test", "c.example.test")),
+        Change("delete", record.id, ("b.example.test", "*.example.test")),
+    )
+    started = time.monotonic()
+    assert await store.changes(position, 0.2) == ((), position)
+    assert 0.15 < time.monotonic() - started < 2
+
+
+async def test_changes_waits_for_a_write(store: RedisStore, ca: CA) -> None:
+    _, position = await store.changes(None, 0)
+    waiting = asyncio.create_task(store.changes(position, 5))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    started = time.monotonic()
+    record = await store.add(bundle_for(ca, "a.example.test"))
+    changes, _ = await asyncio.wait_for(waiting, 2)
+    assert time.monotonic() - started < 1
+    assert changes == (Change("put", record.id, ("a.example.test",)),)
+
+
+async def test_a_cancelled_wait_leaves_the_store_usable(store: RedisStore, ca: CA) -> None:
+    _, position = await store.changes(None, 0)
+    for _ in range(3):
+        waiting = asyncio.create_task(store.changes(position, 5))
+        await asyncio.sleep(0.1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    record = await store.add(bundle_for(ca, "a.example.test"))
+    changes, _ = await asyncio.wait_for(store.changes(position, 2), 3)
+    assert changes == (Change("put", record.id, ("a.example.test",)),)
+
+
+async def test_changes_blocks_longer_than_the_client_timeout(
+    redis_instance: RedisServer, raw: redis.asyncio.Redis, ring: KeyRing
+) -> None:
+    store = RedisStore(redis_instance.url, keyring=ring, timeout=0.3)
+    try:
+        _, position = await store.changes(None, 0)
+        started = time.monotonic()
+        assert await store.changes(position, 1.0) == ((), position)
+        assert 0.9 < time.monotonic() - started < 3
+    finally:
+        await store.close()
+
+
+async def test_changes_lost_after_trimming(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+) -> None:
+    await store.add(bundle_for(ca, "a.example.test"))
+    _, position = await store.changes(None, 0)
+    for i in range(3):
+        await store.add(bundle_for(ca, f"h{i}.example.test"))
+    assert len((await store.changes(position, 0))[0]) == 3
+    assert await raw.xtrim(EVENTS, maxlen=1, approximate=False) == 3
+    with pytest.raises(ChangesLost):
+        await store.changes(position, 0)
+    with pytest.raises(ChangesLost):
+        await store.changes("0-0", 0)
+    _, fresh = await store.changes(None, 0)
+    assert await store.changes(fresh, 0) == ((), fresh)
+
+
+async def test_events_maxlen_trims_the_stream(
+    redis_instance: RedisServer, raw: redis.asyncio.Redis, ring: KeyRing, ca: CA
+) -> None:
+    await raw.config_set("stream-node-max-entries", 2)  # lets MAXLEN ~ trim to a few entries
+    store = RedisStore(redis_instance.url, keyring=ring, events_maxlen=2)
+    try:
+        _, position = await store.changes(None, 0)
+        for i in range(10):
+            await store.add(bundle_for(ca, f"h{i}.example.test"))
+        assert await raw.xlen(EVENTS) <= 4
+        with pytest.raises(ChangesLost):
+            await store.changes(position, 0)
+    finally:
+        await raw.config_set("stream-node-max-entries", 100)
+        await store.close()
+
+
+async def test_changes_rejects_foreign_positions(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+) -> None:
+    await store.add(bundle_for(ca, "a.example.test"))
+    _, position = await store.changes(None, 0)
+    for bad in ("garbage", "99999999999999-0", "1-2-3", ""):
+        with pytest.raises(ChangesLost):
+            await store.changes(bad, 0)
+    await raw.delete(EVENTS)  # the feed was wiped: whatever it said is gone
+    with pytest.raises(ChangesLost):
+        await store.changes(position, 0)
+
+
+# --- keys at rest ---------------------------------------------------------------------------------
+
+
+async def test_old_data_keys_still_decrypt_and_rotate(
+    redis_instance: RedisServer, raw: redis.asyncio.Redis, store: RedisStore, ca: CA, k1_line: str
+) -> None:
+    bundles = [bundle_for(ca, "a.example.test"), bundle_for(ca, "b.example.test", key_type="rsa")]
+    records = [await store.add(b) for b in bundles]  # encrypted with k1
+    new_ring = KeyRing.from_text(f"{keycrypt.generate_key_line('k2')}\n{k1_line}\n")
+    rotated = RedisStore(redis_instance.url, keyring=new_ring)
+    try:
+        found = await rotated.lookup("a.example.test")
+        assert found is not None
+        assert found.bundle == bundles[0]
+        events_before = await raw.xlen(EVENTS)
+
+        assert await rotated.rotate_keys() == 2
+        for record in records:
+            token = await raw.hget(KEYS.cert(record.id), "key")
+            assert token is not None
+            assert token.startswith(b"cak1:k2:")
+            assert await rotated.get(record.id) == record  # same version, same metadata
+        assert await raw.xlen(EVENTS) == events_before
+        assert await rotated.rotate_keys() == 0
+
+        only_k2 = RedisStore(
+            redis_instance.url, keyring=KeyRing(keys=(new_ring.keys[0],), current="k2")
+        )
+        try:
+            for name, bundle in zip(("a.example.test", "b.example.test"), bundles, strict=True):
+                found = await only_k2.lookup(name)
+                assert found is not None
+                assert found.bundle == bundle
+        finally:
+            await only_k2.close()
+    finally:
+        await rotated.close()
+
+
+async def test_undecryptable_record_is_skipped_without_key_material(
+    redis_instance: RedisServer,
+    raw: redis.asyncio.Redis,
+    store: RedisStore,
+    ca: CA,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     bundle = bundle_for(ca, "a.example.test")
-    await raw.hset(KEYS.cert(record_id(bundle)), mapping={"pem": b"old", "junk": b"x"})
-    await store.put(bundle)
-    assert await raw.hkeys(KEYS.cert(record_id(bundle))) in ([b"pem", b"names"], [b"names", b"pem"])
+    record = await store.add(bundle)
+    token = await raw.hget(KEYS.cert(record.id), "key")
+    assert token is not None
+    stranger = RedisStore(
+        redis_instance.url, keyring=KeyRing.from_text(keycrypt.generate_key_line("k1"))
+    )
+    try:
+        with caplog.at_level(logging.DEBUG):
+            assert await stranger.lookup("a.example.test") is None
+            assert await stranger.lookup_all("a.example.test") == ()
+            assert await stranger.rotate_keys() == 0
+    finally:
+        await stranger.close()
+    assert record.id in caplog.text
+    assert "cannot decrypt" in caplog.text
+    assert "PRIVATE KEY" not in caplog.text
+    assert token.decode() not in caplog.text
+    assert token.decode()[8:40] not in caplog.text
+    for line in key_block(bundle).splitlines()[1:-1]:
+        assert line.decode() not in caplog.text
 
 
-# --- records that must not be served ------------------------------------------------------------
+async def test_a_key_moved_to_another_record_does_not_decrypt(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = await store.add(bundle_for(ca, "a.example.test"))
+    b = await store.add(bundle_for(ca, "b.example.test"))
+    token = await raw.hget(KEYS.cert(b.id), "key")
+    assert token is not None
+    await raw.hset(KEYS.cert(a.id), "key", token)  # same data key, wrong aad
+    with caplog.at_level(logging.WARNING):
+        assert await store.lookup("a.example.test") is None
+    assert "belongs to another record" in caplog.text
+    assert await store.lookup("b.example.test") is not None
+
+
+async def test_a_plaintext_key_is_refused(
+    store: RedisStore, raw: redis.asyncio.Redis, ca: CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    bundle = bundle_for(ca, "a.example.test")
+    record = await store.add(bundle)
+    await raw.hset(KEYS.cert(record.id), "key", key_block(bundle))
+    with caplog.at_level(logging.WARNING):
+        assert await store.lookup("a.example.test") is None
+    assert "plaintext" in caplog.text
+    assert "BEGIN PRIVATE KEY" not in caplog.text
+
+
+# --- records that must not be served --------------------------------------------------------------
 
 
 async def test_record_not_covering_the_name(
     store: RedisStore, raw: redis.asyncio.Redis, ca: CA, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cert_id = await store.put(bundle_for(ca, "a.example.test"))
-    await raw.set(KEYS.name("z.example.test"), cert_id)
+    record = await store.add(bundle_for(ca, "a.example.test"))
+    await raw.sadd(KEYS.name("z.example.test"), record.id)
     with caplog.at_level(logging.WARNING):
         assert await store.lookup("z.example.test") is None
     assert "covers only a.example.test" in caplog.text
     assert "PRIVATE KEY" not in caplog.text
 
 
-async def test_corrupt_record(
+async def test_corrupt_chain(
     store: RedisStore, raw: redis.asyncio.Redis, ca: CA, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bundle = bundle_for(ca, "a.example.test")
-    cert_id = await store.put(bundle)
-    chain_only = bundle.pem[: bundle.pem.index(b"-----BEGIN PRIVATE KEY")]
-    await raw.hset(KEYS.cert(cert_id), "pem", chain_only)
+    rsa = await store.add(bundle_for(ca, "a.example.test", key_type="rsa"))
+    ecdsa = await store.add(bundle_for(ca, "a.example.test"))
+    await raw.hset(KEYS.cert(ecdsa.id), "chain", b"garbage")
     with caplog.at_level(logging.WARNING):
-        assert await store.lookup("a.example.test") is None
-    assert cert_id in caplog.text
-    assert "no private key" in caplog.text
-
-    await raw.hset(KEYS.cert(cert_id), "pem", b"garbage")
-    assert await store.lookup("a.example.test") is None
+        assert [s.id for s in await store.lookup_all("a.example.test")] == [rsa.id]
+    assert ecdsa.id in caplog.text
+    assert "not a valid bundle" in caplog.text
 
 
-async def test_dangling_name(
+async def test_dangling_and_wrongly_typed_entries(
     store: RedisStore, raw: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await raw.set(KEYS.name("a.example.test"), "0" * 32)
+    await raw.sadd(KEYS.name("a.example.test"), "0" * 16)
+    await raw.set(KEYS.name("b.example.test"), "0" * 32)  # the layout of certagent 0.1
+    await raw.sadd(KEYS.name("c.example.test"), "x" * 16)
+    await raw.set(KEYS.cert("x" * 16), b"a string, not a hash")
     with caplog.at_level(logging.WARNING):
         assert await store.lookup("a.example.test") is None
-    assert "not a record" in caplog.text
+        assert await store.lookup("b.example.test") is None
+        assert await store.lookup("c.example.test") is None
+    assert "which is not a record" in caplog.text
+    assert "it is not a set" in caplog.text
 
 
-async def test_record_of_the_wrong_type(
-    store: RedisStore, raw: redis.asyncio.Redis, ca: CA
+# --- availability and URLs ------------------------------------------------------------------------
+
+
+async def test_custom_prefix(
+    redis_instance: RedisServer, raw: redis.asyncio.Redis, ring: KeyRing, ca: CA
 ) -> None:
-    bundle = bundle_for(ca, "a.example.test")
-    cert_id = record_id(bundle)
-    await raw.set(KEYS.name("a.example.test"), cert_id)
-    await raw.set(KEYS.cert(cert_id), b"a string, not a hash")
-    assert await store.lookup("a.example.test") is None
-    # put repairs it
-    assert await store.put(bundle) == cert_id
-    found = await store.lookup("a.example.test")
-    assert found is not None
-    assert found.bundle == bundle
-
-
-# --- availability and URLs ------------------------------------------------------------------
+    store = RedisStore(redis_instance.url, prefix="t1:", keyring=ring)
+    try:
+        bundle = bundle_for(ca, "a.example.test")
+        record = await store.add(bundle)
+        assert await raw.exists(f"t1:cert:{record.id}", "t1:name:a.example.test", "t1:events") == 3
+        assert await raw.keys("certagent:*") == []
+        found = await store.lookup("a.example.test")
+        assert found is not None
+        assert found.bundle == bundle
+        default = RedisStore(redis_instance.url, keyring=ring)
+        try:
+            assert await default.lookup("a.example.test") is None
+        finally:
+            await default.close()
+    finally:
+        await store.close()
 
 
 async def test_ping(store: RedisStore) -> None:
     await store.ping()
 
 
-async def test_unix_socket(redis_server: RedisServer, raw: redis.asyncio.Redis, ca: CA) -> None:
-    store: Store = open_store(f"unix://{redis_server.unix_socket}?db=0")
+async def test_unix_socket(
+    redis_instance: RedisServer, raw: redis.asyncio.Redis, ring: KeyRing, ca: CA
+) -> None:
+    store: Store = open_store(f"unix://{redis_instance.unix_socket}?db=0", keyring=ring)
     try:
         await store.ping()
         bundle = bundle_for(ca, "a.example.test")
-        await store.put(bundle)
+        await store.add(bundle)
         found = await store.lookup("a.example.test")
         assert found is not None
         assert found.bundle == bundle
@@ -354,8 +921,8 @@ async def test_unix_socket(redis_server: RedisServer, raw: redis.asyncio.Redis, 
         await store.close()
 
 
-async def test_unreachable_redis_is_unavailable(ca: CA) -> None:
-    store = RedisStore(f"redis://:secret@127.0.0.1:{_free_port()}/0", timeout=0.5)
+async def test_unreachable_redis_is_unavailable(ca: CA, ring: KeyRing) -> None:
+    store = RedisStore(f"redis://:secret@127.0.0.1:{_free_port()}/0", timeout=0.5, keyring=ring)
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as info:
@@ -365,7 +932,11 @@ async def test_unreachable_redis_is_unavailable(ca: CA) -> None:
         with pytest.raises(StoreUnavailable):
             await store.lookup("a.example.test")
         with pytest.raises(StoreUnavailable):
-            await store.put(bundle_for(ca, "a.example.test"))
+            await store.add(bundle_for(ca, "a.example.test"))
+        with pytest.raises(StoreUnavailable):
+            await store.changes(None, 0)
+        with pytest.raises(StoreUnavailable):
+            await store.list()
     finally:
         await store.close()
 
@@ -373,3 +944,8 @@ async def test_unreachable_redis_is_unavailable(ca: CA) -> None:
 def test_describe_hides_password() -> None:
     store = RedisStore("redis://user:secret@127.0.0.1:6399/0")
     assert store.describe() == "redis://user:***@127.0.0.1:6399/0"
+
+
+def test_events_maxlen_must_be_positive() -> None:
+    with pytest.raises(ConfigError):
+        RedisStore("redis://127.0.0.1:6399/0", events_maxlen=0)

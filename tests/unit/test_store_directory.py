@@ -1,16 +1,32 @@
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import stat
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
-from agent.errors import ConfigError, InvalidHostname, StoreUnavailable
+from agent.errors import (
+    CertificateError,
+    ChangesLost,
+    ConfigError,
+    DuplicateCertificate,
+    InvalidCursor,
+    InvalidHostname,
+    NotFound,
+    ReadOnlyRecord,
+    StoreUnavailable,
+)
 from agent.pem import CertBundle, parse_bundle
 from agent.store import DirectoryStore, RedisStore, open_store
-from agent.store.base import Store, redact_url
-from agent.store.directory import MAX_FILE_SIZE
+from agent.store.base import Change, Store, redact_url
+from agent.store.directory import MAX_FILE_SIZE, name_of_stem
 from tests.certs import CA, issue, make_ca, shared_key
 
 
@@ -444,3 +460,283 @@ def test_open_store_rejects(url: str, message: str) -> None:
 )
 def test_redact_url(url: str, expected: str) -> None:
     assert redact_url(url) == expected
+
+
+# --- add, replace, delete, get, list -------------------------------------------------------------
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+async def test_add_writes_one_file_and_aliases(store: DirectoryStore, root: Path, ca: CA) -> None:
+    bundle = parse_bundle(pem_for(ca, "*.example.test", "example.test", "www.other.test"))
+    record = await store.add(bundle)
+    assert record.id == "_wildcard.example.test.pem"
+    assert record.names == bundle.names
+    assert record.version == 1
+    assert record.fingerprint_sha256 == bundle.fingerprint_sha256
+    path = root / record.id
+    assert path.read_bytes() == bundle.pem
+    assert mode(path) == 0o600
+    assert sorted(p.name for p in root.iterdir()) == [
+        "_wildcard.example.test.pem",
+        "example.test.pem",
+        "www.other.test.pem",
+    ]  # no temporary files left
+    for alias in ("example.test.pem", "www.other.test.pem"):
+        assert os.readlink(root / alias) == record.id
+    for host in ("a.example.test", "example.test", "www.other.test"):
+        found = await store.lookup(host)
+        assert found is not None
+        assert found.id == record.id  # an alias reports the record it points to
+        assert found.bundle == bundle
+    assert await store.lookup_all("a.example.test") == (await store.lookup("a.example.test"),)
+    assert await store.lookup_all("nothing.other.test") == ()
+    assert await store.get(record.id) == record
+    assert await store.get("example.test.pem") is None  # an alias is not a record
+
+
+async def test_add_refuses_an_existing_name(store: DirectoryStore, root: Path, ca: CA) -> None:
+    write_certbot(root, "a.example.test", ca, "a.example.test")
+    with pytest.raises(DuplicateCertificate, match=r"live/a\.example\.test"):
+        await store.add(parse_bundle(pem_for(ca, "a.example.test")))
+    record = await store.add(parse_bundle(pem_for(ca, "b.example.test")))
+    with pytest.raises(DuplicateCertificate, match=record.id):
+        await store.add(parse_bundle(pem_for(ca, "b.example.test")))
+    assert sorted(p.name for p in root.iterdir()) == ["b.example.test.pem", "live"]
+
+
+async def test_add_does_not_alias_over_existing_files(
+    store: DirectoryStore, root: Path, ca: CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    mine = write_combined(root, "b.example.test.pem", ca, "b.example.test")
+    with caplog.at_level(logging.WARNING):
+        record = await store.add(parse_bundle(pem_for(ca, "a.example.test", "b.example.test")))
+    assert "b.example.test is not linked" in caplog.text
+    assert not (root / "b.example.test.pem").is_symlink()
+    found = await store.lookup("b.example.test")
+    assert found is not None
+    assert found.bundle == mine
+    assert record.names == ("a.example.test", "b.example.test")
+
+
+async def test_add_into_missing_root_is_unavailable(tmp_path: Path, ca: CA) -> None:
+    store = DirectoryStore(tmp_path / "nope")
+    with pytest.raises(StoreUnavailable):
+        await store.add(parse_bundle(pem_for(ca, "a.example.test")))
+
+
+async def test_replace_rewrites_the_file_and_its_aliases(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    record = await store.add(parse_bundle(pem_for(ca, "a.example.test", "b.example.test")))
+    new = parse_bundle(pem_for(ca, "a.example.test", "c.example.test"))
+    replaced = await store.replace(record.id, new)
+    assert replaced.id == record.id
+    assert replaced.fingerprint_sha256 == new.fingerprint_sha256
+    assert (root / record.id).read_bytes() == new.pem
+    assert mode(root / record.id) == 0o600
+    assert sorted(p.name for p in root.iterdir()) == ["a.example.test.pem", "c.example.test.pem"]
+    assert await store.lookup("b.example.test") is None
+    for host in ("a.example.test", "c.example.test"):
+        found = await store.lookup(host)
+        assert found is not None
+        assert found.bundle == new
+
+
+async def test_replace_refusals(store: DirectoryStore, root: Path, ca: CA) -> None:
+    record = await store.add(parse_bundle(pem_for(ca, "a.example.test", "b.example.test")))
+    write_certbot(root, "c.example.test", ca, "c.example.test")
+    outside = root.parent / "elsewhere.pem"
+    outside.write_bytes(pem_for(ca, "d.example.test"))
+    (root / "d.example.test.pem").symlink_to(outside)
+    bundle = parse_bundle(pem_for(ca, "a.example.test"))
+
+    with pytest.raises(NotFound):
+        await store.replace("x.example.test.pem", bundle)
+    with pytest.raises(NotFound):
+        await store.replace("../elsewhere.pem", bundle)
+    with pytest.raises(NotFound, match="alias"):
+        await store.replace("b.example.test.pem", bundle)
+    with pytest.raises(ReadOnlyRecord, match="certbot"):
+        await store.replace("live/c.example.test/fullchain.pem", bundle)
+    with pytest.raises(ReadOnlyRecord, match="symlink"):
+        await store.replace("d.example.test.pem", bundle)
+    with pytest.raises(CertificateError, match=r"does not cover a\.example\.test"):
+        await store.replace(record.id, parse_bundle(pem_for(ca, "b.example.test")))
+    with pytest.raises(ReadOnlyRecord):
+        await store.delete("live/c.example.test/fullchain.pem")
+    assert (root / "live" / "c.example.test" / "fullchain.pem").exists()
+
+
+async def test_delete_removes_the_file_and_its_aliases(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    record = await store.add(parse_bundle(pem_for(ca, "a.example.test", "b.example.test")))
+    other = write_combined(root, "c.example.test.pem", ca, "c.example.test")
+    assert await store.delete(record.id) == record
+    assert sorted(p.name for p in root.iterdir()) == ["c.example.test.pem"]
+    assert await store.lookup("b.example.test") is None
+    with pytest.raises(NotFound):
+        await store.delete(record.id)
+    found = await store.lookup("c.example.test")
+    assert found is not None
+    assert found.bundle == other
+
+
+async def test_get(store: DirectoryStore, root: Path, ca: CA) -> None:
+    bundle = write_certbot(root, "a.example.test", ca, "a.example.test")
+    record = await store.get("live/a.example.test/fullchain.pem")
+    assert record is not None
+    assert record.names == bundle.names
+    assert record.fingerprint_sha256 == bundle.fingerprint_sha256
+    assert record.serial == format(bundle.serial, "X")
+    assert record.key_type == "ECDSA-P256"
+    assert record.version == 1
+    mtime = (root / "live" / "a.example.test" / "fullchain.pem").stat().st_mtime
+    assert record.updated_at.timestamp() == pytest.approx(mtime)
+    for missing in ("b.example.test.pem", "../x.pem", "live/../../x/fullchain.pem", "notes.txt"):
+        assert await store.get(missing) is None
+
+
+async def test_list(store: DirectoryStore, root: Path, ca: CA) -> None:
+    now = datetime.now(UTC)
+    write_combined(root, "c.example.test.pem", ca, "c.example.test")
+    write_certbot(root, "*.example.test", ca, "*.example.test")
+    (root / "README.pem").write_bytes(b"not a record: lookups never build this name")
+    (root / "broken.example.test.pem").write_bytes(b"garbage")
+    soon = parse_bundle(
+        *issue(ca, "a.example.test", key=shared_key(), not_after=now + timedelta(days=3))
+    )
+    added = await store.add(soon)
+    await store.add(parse_bundle(pem_for(ca, "b.example.test", "c.other.test")))
+
+    ids = []
+    cursor = None
+    while True:
+        page = await store.list(cursor=cursor, limit=2)
+        ids += [r.id for r in page.records]
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert ids == [
+        "a.example.test.pem",
+        "b.example.test.pem",
+        "c.example.test.pem",
+        "live/*.example.test/fullchain.pem",
+    ]  # no alias, no README, the broken file skipped with a warning
+    named = await store.list(name="c.other.test")
+    assert [r.id for r in named.records] == ["b.example.test.pem"]
+    wildcard = await store.list(name="*.example.test")
+    assert [r.id for r in wildcard.records] == ["live/*.example.test/fullchain.pem"]
+    expiring = await store.list(expiring_before=now + timedelta(days=30))
+    assert expiring.records == (added,)
+    with pytest.raises(InvalidCursor):
+        await store.list(cursor="nope")
+    with pytest.raises(InvalidHostname):
+        await store.list(name="../x")
+
+
+def test_name_of_stem() -> None:
+    assert name_of_stem("a.example.test") == "a.example.test"
+    assert name_of_stem("_wildcard.example.test") == "*.example.test"
+    assert name_of_stem("*.example.test") == "*.example.test"
+    for bad in ("A.example.test", "README", "..", "_wildcard.test", "*.*.x.test", "a..b"):
+        assert name_of_stem(bad) is None
+
+
+# --- change feed ----------------------------------------------------------------------------------
+
+
+async def test_changes_sees_writes_by_the_store(store: DirectoryStore, root: Path, ca: CA) -> None:
+    assert await store.changes(None, 0) == ((), ANY)
+    _, position = await store.changes(None, 0)
+    record = await store.add(parse_bundle(pem_for(ca, "a.example.test", "b.example.test")))
+    changes, position = await store.changes(position, 2)
+    assert changes == (Change("put", record.id, ("a.example.test", "b.example.test")),)
+
+    await store.replace(record.id, parse_bundle(pem_for(ca, "a.example.test", "c.example.test")))
+    changes, position = await store.changes(position, 2)
+    assert changes == (
+        Change("put", record.id, ("a.example.test", "b.example.test", "c.example.test")),
+    )
+    await store.delete(record.id)
+    changes, position = await store.changes(position, 2)
+    assert changes == (Change("delete", record.id, ("a.example.test", "c.example.test")),)
+    assert await store.changes(position, 0) == ((), position)
+
+
+async def test_changes_sees_files_written_by_others(
+    root: Path, ca: CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DirectoryStore(root, poll_interval=0.05)
+    _, position = await store.changes(None, 0)
+    started = time.monotonic()
+    assert await store.changes(position, 0.3) == ((), position)
+    assert 0.25 < time.monotonic() - started < 2
+
+    async def later(action: Callable[[], object]) -> None:
+        await asyncio.sleep(0.15)
+        await asyncio.to_thread(action)
+
+    async def expect(action: Callable[[], object], *changes: Change) -> None:
+        """Run ``action`` soon; the feed reports ``changes`` within a few polls.
+
+        A poll may land in the middle of a write of several steps (truncate, then
+        write; fullchain, then privkey): the same change then comes more than once.
+        """
+        nonlocal position
+        task = asyncio.create_task(later(action))
+        started = time.monotonic()
+        found, position = await store.changes(position, 3)
+        assert time.monotonic() - started < 1.5  # a few polls
+        await task
+        more = found
+        while more:
+            more, position = await store.changes(position, 0.1)
+            found += more
+        assert set(found) == set(changes)
+
+    await expect(
+        lambda: write_combined(root, "a.example.test.pem", ca, "a.example.test"),
+        Change("put", "a.example.test.pem", ("a.example.test",)),
+    )
+    await expect(
+        lambda: write_combined(root, "a.example.test.pem", ca, "a.example.test"),  # in place
+        Change("put", "a.example.test.pem", ("a.example.test",)),
+    )
+    await expect(
+        lambda: write_certbot(root, "_wildcard.example.test", ca, "*.example.test"),
+        Change("put", "live/_wildcard.example.test/fullchain.pem", ("*.example.test",)),
+    )
+    await expect(
+        lambda: (root / "live/_wildcard.example.test/privkey.pem").write_bytes(b"rotated"),
+        Change("put", "live/_wildcard.example.test/fullchain.pem", ("*.example.test",)),
+    )
+    await expect(
+        lambda: (root / "a.example.test.pem").unlink(),
+        Change("delete", "a.example.test.pem", ("a.example.test",)),
+    )
+    await expect(
+        lambda: (root / "*.other.test.pem").write_bytes(b"x"),
+        Change("put", "*.other.test.pem", ("*.other.test",)),
+    )
+    # Files no lookup would read are not records: nothing to report.
+    (root / "notes.pem").write_bytes(b"x")
+    (root / ".a.example.test.pem.tmp").write_bytes(b"x")
+    assert await store.changes(position, 0.2) == ((), position)
+
+
+async def test_changes_refuses_foreign_positions(root: Path) -> None:
+    one, two = DirectoryStore(root), DirectoryStore(root)
+    _, position = await one.changes(None, 0)
+    for bad in (position, "garbage", ""):
+        with pytest.raises(ChangesLost):
+            await two.changes(bad, 0)
+    assert await one.changes(position, 0) == ((), position)
+
+
+async def test_changes_on_a_missing_root(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable):
+        await DirectoryStore(tmp_path / "nope").changes(None, 0)
