@@ -71,6 +71,15 @@ def open_store(
 
 
 def open_configured(settings: Settings) -> Store:
-    """The store of ``settings``, with the key ring from ``key_file`` when one is set."""
+    """The store of ``settings``, with the key ring from ``key_file`` when one is set.
+
+    A Redis store needs one: private keys are encrypted at rest.
+    """
     keyring = KeyRing.from_file(settings.key_file) if settings.key_file else None
-    return open_store(settings.store, redis_prefix=settings.redis_prefix, keyring=keyring)
+    store = open_store(settings.store, redis_prefix=settings.redis_prefix, keyring=keyring)
+    if isinstance(store, RedisStore) and keyring is None:
+        raise ConfigError(
+            "a Redis store encrypts private keys: set key_file (or CERTAGENT_KEY_FILE) to a key "
+            "file made with 'certagent keys generate k1 > /etc/certagent/data.key'"
+        )
+    return store
