@@ -4,6 +4,8 @@
   (``check_hostname`` on, ``server_hostname=host``) returning facts about the
   certificate the server sent; they raise on any failure, including a
   certificate that does not verify.
+* :func:`https_get`: a verified handshake, timed, then one ``GET /`` whose
+  HTTP status it returns (the demo and the benchmarks use it).
 * :func:`raw_hello`: a hand-built TLS 1.2 ClientHello carrying an arbitrary raw
   SNI byte string (or none), returning the DER of the first certificate the
   server sends.  Without a ``supported_versions`` extension the server answers
@@ -27,11 +29,13 @@ from cryptography.x509.oid import NameOID
 
 __all__ = [
     "CertInfo",
+    "Exchange",
     "build_client_hello",
     "cert_info",
     "client_context",
     "handshake",
     "handshake_async",
+    "https_get",
     "raw_hello",
 ]
 
@@ -95,6 +99,42 @@ def handshake(
     if der is None:  # pragma: no cover - verified handshakes always have a peer cert
         raise ssl.SSLError("no peer certificate")
     return cert_info(der)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One verified handshake and one HTTP/1.1 request on it."""
+
+    #: Seconds from connect() to the end of the verified handshake.
+    handshake_seconds: float
+    cert: CertInfo
+    #: The status code of the reply (0 if the reply was not HTTP/1.x).
+    status: int
+
+
+def https_get(
+    port: int, host: str, context: ssl.SSLContext, *, timeout: float = 5.0, path: str = "/"
+) -> Exchange:
+    """Connect to ``127.0.0.1:port``, verified handshake for ``host`` (timed), ``GET path``."""
+    start = time.perf_counter()
+    with (
+        socket.create_connection((LOOPBACK, port), timeout=timeout) as sock,
+        context.wrap_socket(sock, server_hostname=host) as tls,
+    ):
+        elapsed = time.perf_counter() - start
+        der = tls.getpeercert(binary_form=True)
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        tls.sendall(request.encode())
+        reply = b""
+        while len(reply) < 12:
+            chunk = tls.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    if der is None:  # pragma: no cover
+        raise ssl.SSLError("no peer certificate")
+    status = int(reply[9:12]) if reply[:7] == b"HTTP/1." and reply[9:12].isdigit() else 0
+    return Exchange(elapsed, cert_info(der), status)
 
 
 async def handshake_async(

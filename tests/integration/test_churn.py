@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.integration.conftest import PKI, SLOT_PREFIX, Prober, RedisFixture, Stack, StackFactory
+from tests.integration.conftest import StackFactory
+from tests.stack import PKI, SLOT_PREFIX, Prober, RedisFixture, Stack
 
 pytestmark = pytest.mark.integration
 

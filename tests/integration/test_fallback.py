@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.integration.conftest import PKI, RedisFixture, Stack, StackFactory
+from tests.integration.conftest import StackFactory
+from tests.stack import PKI, RedisFixture, Stack
 
 pytestmark = pytest.mark.integration
 

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import (
-    PKI,
-    RedisFixture,
-    Stack,
-    StackFactory,
-    wait_for,
-)
+from tests.integration.conftest import StackFactory
+from tests.stack import PKI, RedisFixture, Stack, wait_for
 
 pytestmark = pytest.mark.integration
 

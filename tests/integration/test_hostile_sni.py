@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import PKI, RedisFixture, StackFactory
+from tests.integration.conftest import StackFactory
+from tests.stack import PKI, RedisFixture
 
 pytestmark = pytest.mark.integration
 

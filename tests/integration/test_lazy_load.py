@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests import tlsclient
-from tests.integration.conftest import PKI, RedisFixture, StackFactory
+from tests.integration.conftest import StackFactory
+from tests.stack import PKI, RedisFixture
 
 pytestmark = pytest.mark.integration
 
