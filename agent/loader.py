@@ -16,15 +16,22 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent import pem
-from agent.errors import AgentError, Busy, HAProxyError, HAProxyUnavailable, WrongTransaction
+from agent.errors import (
+    AgentError,
+    Busy,
+    HAProxyError,
+    HAProxyUnavailable,
+    WrongTransaction,
+)
 from agent.hostname import covers
 from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table, recency
 from agent.runtime import protocol
-from agent.runtime.client import Identity, RuntimeClient, probe_identity
+from agent.runtime.client import Command, Identity, RuntimeClient, probe_identity
 from agent.selfsigned import PLACEHOLDER_NAME, placeholder
 from agent.store.base import StoredCertificate
 
@@ -35,6 +42,43 @@ RECONNECT_MIN = 0.05
 RECONNECT_MAX = 1.0
 # How often a recycling candidate may turn out to be in use before one is taken anyway.
 MAX_VICTIM_CHECKS = 8
+# At most this many queued loads go to HAProxy in one pipelined batch.
+BATCH = 32
+
+
+@dataclass
+class _Request:
+    """One host waiting for its certificates to be loaded and mapped."""
+
+    host: str
+    certs: tuple[StoredCertificate, ...]
+    future: asyncio.Future[tuple[Slot, ...]]
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def fingerprints(self) -> set[str]:
+        return {c.bundle.fingerprint_sha1 for c in self.certs}
+
+
+@dataclass
+class _Load:
+    """One certificate going into one slot within a batch."""
+
+    cert: StoredCertificate
+    slot: str
+    state: SlotState
+    victim: Slot | None  # the slot's current occupant, when recycling
+    error: AgentError | None = None
+
+
+def _failed(future: asyncio.Future[tuple[Slot, ...]]) -> bool:
+    return not future.cancelled() and future.exception() is not None
+
+
+def _fail(batch: list[_Request], error: AgentError) -> None:
+    for request in batch:
+        if not request.future.done():
+            request.future.set_exception(error)
 
 
 @dataclass(frozen=True)
@@ -79,6 +123,8 @@ class Loader:
         self._clock = clock
         self._lock = asyncio.Lock()
         self._waiting = 0
+        self._queue: deque[_Request] = deque()
+        self._drainer: asyncio.Task[None] | None = None
         self._usage: dict[str, float] = {}
         self._usage_at = float("-inf")
         self._retry_at = float("-inf")
@@ -206,12 +252,25 @@ class Loader:
     ) -> tuple[Slot, ...]:
         """Make HAProxy serve ``certs`` (e.g. ECDSA + RSA) for ``host``, then map the host.
 
-        Busy if the load cannot start within ``start_deadline`` seconds.
+        Loads queue behind the single writer, which takes them in batches: one
+        pipelined write for every load of a batch instead of a round trip per
+        command.  Busy if this load's batch cannot start within ``start_deadline``.
         """
         if not certs:
             raise ValueError("install needs at least one certificate")
-        async with self._writer(start_deadline, f"load of {host}"):
-            return await self._install(host, certs)
+        if len(self._queue) >= self.max_waiting:
+            raise Busy(f"{len(self._queue)} loads already waiting")
+        request = _Request(host, tuple(certs), asyncio.get_running_loop().create_future())
+        self._queue.append(request)
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain(), name="loader-batches")
+        try:
+            await asyncio.wait_for(request.started.wait(), start_deadline)
+        except TimeoutError as exc:
+            if not request.started.is_set():
+                self._queue.remove(request)
+                raise Busy(f"load of {host} could not start within {start_deadline:.2f}s") from exc
+        return await request.future
 
     async def replace(self, slot_name: str, cert: StoredCertificate, deadline: float) -> bool:
         """Swap a rotated certificate into the slot that holds its predecessor.
@@ -251,56 +310,185 @@ class Loader:
                 await self._del_map(host)
                 self.pool.unmap_host(host)
 
-    async def _install(self, host: str, certs: Sequence[StoredCertificate]) -> tuple[Slot, ...]:
-        wanted = {c.bundle.fingerprint_sha1 for c in certs}
-        current = self.pool.for_host(host)
-        if current and {s.fingerprint for s in current} == wanted:
-            return current
-        if current:  # the host's certificates changed since it was mapped
-            await self._del_map(host)
-            self.pool.unmap_host(host)
-        loads_before = self.counters.loads
-        slots: list[Slot] = []
-        for cert in certs:
-            slot = self.pool.for_fingerprint(cert.bundle.fingerprint_sha1)
-            if slot is None:
-                slot = await self._load(cert, exclude=[s.name for s in slots])
-            slots.append(slot)
-        if self.counters.loads == loads_before:
-            self.counters.map_only += 1  # e.g. a wildcard already loaded for a sibling
-        await self._add_map(host, slots)
-        return tuple(slots)
+    async def _drain(self) -> None:
+        """The single writer's load loop: batches from the queue until it is empty."""
+        while self._queue:
+            async with self._lock:
+                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+                for request in batch:
+                    request.started.set()
+                try:
+                    await self._ensure_session()
+                    await self._install_batch(batch)
+                except WrongTransaction as exc:
+                    await self.client.close()  # reconnect + adopt aborts the foreign transaction
+                    _fail(batch, exc)
+                except AgentError as exc:
+                    _fail(batch, exc)
+                finally:
+                    failed = sum(1 for r in batch if r.future.done() and _failed(r.future))
+                    self.counters.failures += failed
+                    _fail(batch, AgentError("load abandoned"))  # anything left unanswered
 
-    async def _load(self, cert: StoredCertificate, exclude: Sequence[str]) -> Slot:
-        """Put ``cert`` into a free, new or recycled slot (not one named in ``exclude``)."""
-        bundle = cert.bundle
-        if self.pool.has_room():
-            name, state = self.pool.next_name()
-            if state is SlotState.NEW:
-                protocol.check_new_cert(
-                    name, await self.client.execute_cert("new", "ssl", "cert", name)
+    async def _install_batch(self, batch: list[_Request]) -> None:
+        pool = self.pool
+        todo: list[_Request] = []
+        needed: dict[str, StoredCertificate] = {}  # fingerprint -> certificate to load
+        for request in batch:
+            current = pool.for_host(request.host)
+            if current and {s.fingerprint for s in current} == request.fingerprints:
+                request.future.set_result(current)
+                continue
+            todo.append(request)
+            for cert in request.certs:
+                fp = cert.bundle.fingerprint_sha1
+                if pool.for_fingerprint(fp) is None:
+                    needed.setdefault(fp, cert)
+        keep = {
+            s.name
+            for r in todo
+            for c in r.certs
+            if (s := pool.for_fingerprint(c.bundle.fingerprint_sha1))
+        }
+        places = pool.growth(len(needed))
+        victims = await self._pick_victims(len(needed) - len(places), keep)
+        loads = [
+            _Load(cert, name, state, None)
+            for cert, (name, state) in zip(needed.values(), places, strict=False)
+        ]
+        loads += [
+            _Load(cert, victim.name, SlotState.LISTED, victim)
+            for cert, victim in zip(list(needed.values())[len(places) :], victims, strict=False)
+        ]
+        await self._run_loads(loads)
+        # map every host whose certificates are all committed now, in one write
+        commands: list[Command] = []
+        mapped: list[tuple[_Request, tuple[Slot, ...]]] = []
+        for request in todo:
+            slots = tuple(pool.for_fingerprint(c.bundle.fingerprint_sha1) for c in request.certs)
+            if any(s is None for s in slots):
+                error = next(
+                    (ld.error for ld in loads if ld.error and ld.cert in request.certs), None
                 )
-                self.pool.add_spare(name)
-            await self._set_and_commit(name, bundle.pem)
-            if state is not SlotState.LISTED:
-                protocol.check_add_crtlist(
-                    self.names.crt_list,
-                    name,
-                    await self.client.execute_cert(
-                        "add", "ssl", "crt-list", self.names.crt_list, name
-                    ),
+                request.future.set_exception(error or Busy("no slot free in this batch; retry"))
+                continue
+            ready = tuple(s for s in slots if s is not None)
+            if pool.is_mapped(request.host):
+                commands.append(Command(("del", "map", self.names.map_path, request.host)))
+            commands.append(
+                Command(("add", "map", self.names.map_path, request.host, ready[0].name))
+            )
+            mapped.append((request, ready))
+            if not any(ld.cert in request.certs and ld.error is None for ld in loads):
+                self.counters.map_only += 1  # e.g. a wildcard already loaded for a sibling
+        replies = iter(await self.client.pipeline(commands))
+        for request, ready in mapped:
+            if pool.is_mapped(request.host):
+                protocol.check_del_map("del map", next(replies))
+            protocol.check_empty("add map", next(replies))
+            pool.map_host(request.host, ready)
+            request.future.set_result(ready)
+
+    async def _run_loads(self, loads: list[_Load]) -> None:
+        """Commit every load's certificate into its slot: two pipelined writes in all.
+
+        Each load is ``[new ssl cert] set + commit + abort``: the trailing abort
+        closes the transaction of a failed commit, so no load of the batch can
+        leak into the next one's transaction (the 2.6.12 merge).  Recycled
+        slots' hosts leave the map first; new crt-list lines are added only for
+        committed certificates.
+        """
+        if not loads:
+            return
+        commands: list[Command] = []
+        for ld in loads:
+            if ld.victim is not None:
+                commands += [
+                    Command(("del", "map", self.names.map_path, h)) for h in sorted(ld.victim.hosts)
+                ]
+            if ld.state is SlotState.NEW:
+                commands.append(Command(("new", "ssl", "cert", ld.slot)))
+            commands += [
+                Command(("set", "ssl", "cert", ld.slot), ld.cert.bundle.pem),
+                Command(("commit", "ssl", "cert", ld.slot)),
+                Command(("abort", "ssl", "cert", ld.slot)),
+            ]
+        replies = iter(await self.client.pipeline(commands))
+        for ld in loads:
+            if ld.victim is not None:
+                for _ in ld.victim.hosts:
+                    protocol.check_del_map("del map", next(replies))
+                self.pool.drop_hosts(ld.victim)
+            # read all of this load's replies before judging them, to stay aligned
+            new_reply = next(replies) if ld.state is SlotState.NEW else None
+            set_reply, commit_reply, _abort = next(replies), next(replies), next(replies)
+            try:
+                if new_reply is not None:
+                    protocol.check_new_cert(ld.slot, new_reply)
+                    self.pool.add_spare(ld.slot)
+                protocol.check_set_cert(ld.slot, set_reply)
+                protocol.check_commit_cert(ld.slot, commit_reply)
+            except WrongTransaction:
+                raise
+            except HAProxyError as exc:
+                ld.error = exc
+                log.error(
+                    "loading %s into %s failed: %s", " ".join(ld.cert.bundle.names), ld.slot, exc
                 )
-        else:
-            victim = await self._pick_victim(exclude)
-            name = victim.name
-            await self._unmap(victim)
-            await self._set_and_commit(name, bundle.pem)
-            self.counters.recycles += 1
-            log.debug("recycled %s for %s", name, " ".join(bundle.names))
-        self.counters.loads += 1
-        slot = Slot(name, bundle.fingerprint_sha1, cert.id, set(), self._clock())
-        self.pool.place(slot)
-        return slot
+        listing = [ld for ld in loads if ld.error is None and ld.state is not SlotState.LISTED]
+        replies = iter(
+            await self.client.pipeline(
+                [
+                    Command(("add", "ssl", "crt-list", self.names.crt_list, ld.slot))
+                    for ld in listing
+                ]
+            )
+        )
+        for ld in listing:
+            try:
+                protocol.check_add_crtlist(self.names.crt_list, ld.slot, next(replies))
+            except HAProxyError as exc:
+                ld.error = exc
+        now = self._clock()
+        for ld in loads:
+            if ld.error is not None:
+                continue
+            bundle = ld.cert.bundle
+            self.pool.place(Slot(ld.slot, bundle.fingerprint_sha1, ld.cert.id, set(), now))
+            self.counters.loads += 1
+            if ld.victim is not None:
+                self.counters.recycles += 1
+
+    async def _pick_victims(self, count: int, keep: set[str]) -> list[Slot]:
+        """The ``count`` least recently used slots, their usage re-read before they are taken.
+
+        The table snapshot may be ``usage_refresh`` old; a host used since then
+        must not lose its slot, so the candidates' own hosts are looked up afresh
+        (``show table <t> key <host>``, pipelined) and, if any was used
+        meanwhile, the choice is made again.
+        """
+        if count <= 0:
+            return []
+        seen = await self._last_seen()
+        victims = self.pool.victims(count, seen, keep)
+        for _ in range(MAX_VICTIM_CHECKS):
+            hosts = sorted({h for v in victims for h in v.hosts})
+            before = {v.name: recency(v, seen) for v in victims}
+            replies = await self.client.pipeline(
+                [Command(("show", "table", self.names.usage_table, "key", h)) for h in hosts]
+            )
+            now = self._clock()
+            for reply in replies:
+                entries = protocol.parse_show_table(reply)
+                seen.update(
+                    last_seen_from_table(
+                        ((e.key, e.expire_ms) for e in entries), self.names.usage_expire_ms, now
+                    )
+                )
+            if all(recency(v, seen) <= before[v.name] for v in victims):
+                break
+            victims = self.pool.victims(count, seen, keep)
+        return victims
 
     async def _set_and_commit(self, name: str, pem: bytes) -> None:
         c = self.client
@@ -330,13 +518,6 @@ class Loader:
         for host in sorted(slot.hosts):
             await self._del_map(host)
         self.pool.drop_hosts(slot)
-
-    async def _add_map(self, host: str, slots: Sequence[Slot]) -> None:
-        protocol.check_empty(
-            "add map",
-            await self.client.execute("add", "map", self.names.map_path, host, slots[0].name),
-        )
-        self.pool.map_host(host, slots)
 
     async def _del_map(self, host: str) -> None:
         protocol.check_del_map(

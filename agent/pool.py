@@ -112,6 +112,27 @@ class SlotPool:
             number += 1
         return self.slot_name(number), SlotState.NEW
 
+    def growth(self, count: int) -> list[tuple[str, SlotState]]:
+        """Up to ``count`` places for loads that need no recycling, best first.
+
+        Free slots (already crt-list lines), then spare names HAProxy knows,
+        then new names, never past ``capacity`` crt-list lines in all.
+        """
+        places = [(name, SlotState.LISTED) for name in self._free[:count]]
+        room = self.capacity - len(self._slots) - len(self._free)
+        spare = self._spare[: max(0, min(count - len(places), room))]
+        places += [(name, SlotState.KNOWN) for name in spare]
+        room -= len(spare)
+        taken = set(self._slots) | set(self._free) | set(self._spare)
+        number = 1
+        while len(places) < count and room > 0:
+            name = self.slot_name(number)
+            if name not in taken:
+                places.append((name, SlotState.NEW))
+                room -= 1
+            number += 1
+        return places
+
     def add_spare(self, name: str) -> None:
         if name not in self._slots and name not in self._spare:
             self._spare.append(name)
@@ -163,6 +184,14 @@ class SlotPool:
         if self._by_fingerprint.get(slot.fingerprint) is slot:
             del self._by_fingerprint[slot.fingerprint]
         self.drop_hosts(slot)
+
+    def victims(
+        self, count: int, last_seen: Mapping[str, float], exclude: Iterable[str] = ()
+    ) -> list[Slot]:
+        """The ``count`` least recently used slots (fewer if the pool has fewer)."""
+        excluded = set(exclude)
+        candidates = [s for s in self._slots.values() if s.name not in excluded]
+        return sorted(candidates, key=lambda s: recency(s, last_seen))[:count]
 
     def victim(self, last_seen: Mapping[str, float], exclude: Iterable[str] = ()) -> Slot:
         """The slot least recently used by real traffic.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.errors import HAProxyError, HAProxyTimeout, HAProxyUnavailable, Locked
@@ -19,6 +20,14 @@ from agent.runtime import protocol
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Command:
+    """One runtime-API command: its arguments and an optional ``<<`` payload."""
+
+    args: tuple[str, ...]
+    payload: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -98,37 +107,55 @@ class RuntimeClient:
 
     async def execute(self, *args: str, payload: bytes | None = None) -> str:
         """Send one command, return its reply text (continuation prompts removed)."""
-        data = protocol.encode(*args, payload=payload, bufsize=self.bufsize)
-        # Arguments only: a payload (certificate + private key) is never logged.
-        log.debug("runtime-api> %s%s", " ".join(args), " <<payload" if payload else "")
+        (reply,) = await self.pipeline([Command(args, payload)])
+        return reply
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[str]:
+        """Send ``commands`` in one write and return their replies, in order.
+
+        HAProxy runs them one after the other, exactly as if sent one by one;
+        only the round trips are saved.  Callers keep every certificate
+        transaction closed within the batch (``set``, ``commit``, ``abort``).
+        """
+        if not commands:
+            return []
+        data = b"".join(
+            protocol.encode(*c.args, payload=c.payload, bufsize=self.bufsize) for c in commands
+        )
+        for c in commands:
+            # Arguments only: a payload (certificate + private key) is never logged.
+            log.debug("runtime-api> %s%s", " ".join(c.args), " <<payload" if c.payload else "")
+        timeout = self.timeout + 0.01 * len(commands)
         async with self._lock:
             if self._writer is None or self._reader is None:
                 raise HAProxyUnavailable("not connected to the HAProxy runtime socket")
             try:
                 self._writer.write(data)
-                await asyncio.wait_for(self._writer.drain(), self.timeout)
-                return await asyncio.wait_for(self._read_reply(self._reader), self.timeout)
+                await asyncio.wait_for(self._writer.drain(), timeout)
+                return await asyncio.wait_for(
+                    self._read_replies(self._reader, len(commands)), timeout
+                )
             except TimeoutError as exc:
                 await self.close()
+                first = commands[0].args
                 raise HAProxyTimeout(
-                    f"HAProxy did not answer {args[0]} {args[1:2]} in {self.timeout}s"
+                    f"HAProxy did not answer {' '.join(first[:3])} (+{len(commands) - 1} more)"
+                    f" in {timeout:.1f}s"
                 ) from exc
             except (OSError, EOFError) as exc:
                 await self.close()
                 raise HAProxyUnavailable(f"HAProxy runtime connection lost: {exc}") from exc
 
-    async def _read_reply(self, reader: asyncio.StreamReader) -> str:
-        replies = self._splitter.feed(b"")
-        for reply in replies:
-            return reply
-        while True:
+    async def _read_replies(self, reader: asyncio.StreamReader, count: int) -> list[str]:
+        replies = list(self._splitter.feed(b""))
+        while len(replies) < count:
             chunk = await reader.read(_READ_CHUNK)
             if not chunk:
                 raise EOFError("HAProxy closed the runtime connection (payload over tune.bufsize?)")
-            for reply in self._splitter.feed(chunk):
-                if self._splitter.pending:
-                    raise HAProxyError("HAProxy sent more than one reply for one command")
-                return reply
+            replies.extend(self._splitter.feed(chunk))
+        if len(replies) > count or self._splitter.pending:
+            raise HAProxyError(f"HAProxy sent more than {count} replies for {count} commands")
+        return replies
 
     async def execute_cert(self, *args: str, payload: bytes | None = None) -> str:
         """Like :meth:`execute`, retrying ``currently locked`` with backoff."""

@@ -175,3 +175,31 @@ def test_for_certificate() -> None:
     slot(pool, 2, "B", "b.test")
     assert pool.for_certificate("id-A") == [a]
     assert pool.for_certificate("id-Z") == []
+
+
+def test_growth_places_free_then_spare_then_new_within_capacity() -> None:
+    pool = SlotPool(4, PREFIX)
+    a = slot(pool, 1, "A", "a.test")
+    pool.add_free(a.name)
+    pool.add_spare("/certagent/slot-00009.pem")
+    assert pool.growth(10) == [
+        (a.name, SlotState.LISTED),
+        ("/certagent/slot-00009.pem", SlotState.KNOWN),
+        ("/certagent/slot-00002.pem", SlotState.NEW),
+        ("/certagent/slot-00003.pem", SlotState.NEW),
+    ]
+    assert pool.growth(1) == [(a.name, SlotState.LISTED)]
+    slot(pool, 2, "B", "b.test")
+    slot(pool, 3, "C", "c.test")
+    slot(pool, 4, "D", "d.test")
+    assert pool.growth(3) == [(a.name, SlotState.LISTED)]  # 3 slots + 1 free line = capacity
+
+
+def test_victims_in_lru_order() -> None:
+    pool = SlotPool(3, PREFIX)
+    slot(pool, 1, "A", "a.test", at=3.0)
+    slot(pool, 2, "B", "b.test", at=1.0)
+    slot(pool, 3, "C", "c.test", at=2.0)
+    assert [v.fingerprint for v in pool.victims(2, {})] == ["B", "C"]
+    assert [v.fingerprint for v in pool.victims(5, {"b.test": 9.0})] == ["C", "A", "B"]
+    assert [v.fingerprint for v in pool.victims(2, {}, exclude=[pool.slot_name(2)])] == ["C", "A"]
