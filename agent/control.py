@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 512
 READ_TIMEOUT = 2.0
+# A storm of new hosts connects hundreds of Lua actions at once; asyncio's default
+# backlog (100) would refuse the rest, which then get the fallback.
+BACKLOG = 1024
 
 
 class ControlServer:
@@ -40,7 +43,9 @@ class ControlServer:
             os.unlink(self.path)  # a stale socket from a previous run
         old = os.umask(0o177)
         try:
-            self._server = await asyncio.start_unix_server(self._handle, self.path, limit=MAX_LINE)
+            self._server = await asyncio.start_unix_server(
+                self._handle, self.path, limit=MAX_LINE, backlog=BACKLOG
+            )
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)

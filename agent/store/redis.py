@@ -135,6 +135,10 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+# Connections per pool; more concurrent commands wait (up to the timeout) for one.
+MAX_CONNECTIONS = 32
+
+
 class RedisStore:
     """A :class:`~agent.store.base.Store` on Redis (``redis://``, ``rediss://``, ``unix://``)."""
 
@@ -163,8 +167,12 @@ class RedisStore:
         self, url: str, read_timeout: float, connect_timeout: float, health_check: float
     ) -> redis.asyncio.Redis:
         try:
-            return redis.asyncio.Redis.from_url(
+            # A storm of new hosts makes hundreds of lookups at once: they wait for one
+            # of MAX_CONNECTIONS connections instead of failing with "Too many connections".
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
                 url,
+                max_connections=MAX_CONNECTIONS,
+                timeout=connect_timeout,
                 decode_responses=False,
                 socket_timeout=read_timeout,
                 socket_connect_timeout=connect_timeout,
@@ -173,6 +181,7 @@ class RedisStore:
                 # redis-py's default (10 retries with backoff) would stall the lazy path.
                 retry=Retry(NoBackoff(), 1),
             )
+            return redis.asyncio.Redis.from_pool(pool)
         except ValueError as exc:
             raise ConfigError(f"invalid Redis URL {self._url!r}: {exc}") from exc
 

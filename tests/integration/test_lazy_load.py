@@ -115,3 +115,35 @@ def test_fallback_reject_closes_unknown_hosts(
     assert stack.handshake("known.reject.test").san == ("known.reject.test",)
     ensure = stack.status()["ensure"]
     assert (ensure["unknown"], ensure["negative_hits"]) == (1, 1)
+
+
+@pytest.mark.timeout(120)
+def test_storm_of_400_new_hosts_200_at_once_all_verified(
+    make_stack: StackFactory, redis_store: RedisFixture, pki: PKI
+) -> None:
+    """More simultaneous first connections than asyncio's default listen backlog (100) and
+    redis-py's connection pool: every one is loaded and verified, none gets the fallback."""
+    hosts = [f"storm{i:03d}.concurrent.test" for i in range(400)]
+    redis_store.put([pki.bundle(h) for h in hosts], concurrency=50)
+    stack = make_stack(redis_store.url, capacity=500, env={"CERTAGENT_LOG_LEVEL": "info"})
+    context = tlsclient.client_context(stack.cafile)
+
+    async def storm() -> list[tlsclient.CertInfo | BaseException]:
+        gate = asyncio.Semaphore(200)
+
+        async def one(host: str) -> tlsclient.CertInfo:
+            async with gate:
+                return await tlsclient.handshake_async(stack.port, host, context)
+
+        return await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
+
+    results = asyncio.run(storm())
+    failures = [
+        f"{host}: {result!r}"
+        for host, result in zip(hosts, results, strict=True)
+        if isinstance(result, BaseException) or result.san != (host,)
+    ]
+    assert failures == [], failures[:5]
+    status = stack.status()
+    assert status["ensure"]["loaded"] == 400
+    assert status["ensure"]["errors"] == status["ensure"]["busy"] == 0
