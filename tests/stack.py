@@ -257,6 +257,8 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = START_TIMEOUT) -> RedisProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            raise StackError(f"redis-server pid {self.proc.pid} is already running")
         if not Path(REDIS_SERVER).exists():
             raise StackError(f"redis-server is not installed ({REDIS_SERVER})")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -311,7 +313,7 @@ class RedisProcess:
         return [f"redis pid {self.proc.pid}"]
 
     def __enter__(self) -> RedisProcess:
-        return self.start()
+        return self if self.proc is not None and self.proc.poll() is None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

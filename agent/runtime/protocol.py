@@ -134,9 +134,10 @@ def check_abort_cert(cert: str, reply: str) -> None:
 
 
 def check_add_crtlist(crtlist: str, cert: str, reply: str) -> None:
-    expected = f"Inserting certificate '{cert}' in crt-list '{crtlist}'."
+    # One '.' per bind using the crt-list follows: "... in crt-list '<l>'.."
+    expected = f"Inserting certificate '{cert}' in crt-list '{crtlist}'"
     lines = reply.splitlines()
-    if len(lines) != 2 or lines[0] != expected or lines[1] != "Success!":
+    if len(lines) != 2 or lines[0].rstrip(".") != expected or lines[1] != "Success!":
         raise _fail(f"add ssl crt-list {crtlist} {cert}", reply)
 
 

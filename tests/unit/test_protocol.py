@@ -177,6 +177,13 @@ def test_abort_cert() -> None:
         protocol.check_abort_cert(SLOT, "No ongoing transaction!")
 
 
+@pytest.mark.parametrize("dots", [".", ".."])
+def test_add_crtlist_with_one_dot_per_bind(dots: str) -> None:
+    protocol.check_add_crtlist(
+        LIST, SLOT, f"Inserting certificate '{SLOT}' in crt-list '{LIST}'{dots}\nSuccess!"
+    )
+
+
 def test_add_crtlist() -> None:
     protocol.check_add_crtlist(
         LIST, SLOT, f"Inserting certificate '{SLOT}' in crt-list '{LIST}'.\nSuccess!"

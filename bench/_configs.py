@@ -1,0 +1,203 @@
+"""HAProxy configurations the benchmarks run.
+
+* :func:`preload_config` -- the baseline certagent replaces: one TLS bind with a
+  crt-list of N certificates, loaded at startup.
+* :func:`with_plain_frontend` -- the generated certagent configuration plus a
+  second, plain TLS frontend preloading the same certificates from files, for
+  the hop scenario (same process, so the same CPU counters).
+* :data:`VARIANTS` -- rewrites of the generated configuration that might make
+  the hop cheaper; each is a function of the generated text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+PRELOAD_TEMPLATE = """\
+# certagent bench: HAProxy preloading {count} certificates from one crt-list
+global
+    log stdout format raw local0 notice
+    stats socket {admin_socket} mode 600 level admin
+    stats timeout 1d
+    ssl-default-bind-options ssl-min-ver TLSv1.2
+
+defaults
+    log global
+    option dontlognull
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+frontend fe_preload
+    mode http
+    bind 127.0.0.1:{port} ssl crt {default_cert} crt-list {crt_list} alpn h2,http/1.1
+    default_backend be_app
+
+backend be_app
+    mode http
+    http-request return status 200 content-type text/plain string "ok\\n"
+"""
+
+
+def preload_config(
+    path: Path, *, port: int, admin_socket: str, default_cert: Path, crt_list: Path, count: int
+) -> Path:
+    path.write_text(
+        PRELOAD_TEMPLATE.format(
+            count=count,
+            port=port,
+            admin_socket=admin_socket,
+            default_cert=default_cert,
+            crt_list=crt_list,
+        )
+    )
+    return path
+
+
+def _fe_tls_bind(cfg: str) -> re.Match[str]:
+    match = re.search(r"^\s+bind [ua]\S+ (?:mode 600 )?(?:accept-proxy )?(ssl .*)$", cfg, re.M)
+    if match is None:
+        raise ValueError("no fe_tls bind line in the generated configuration")
+    return match
+
+
+def with_plain_frontend(cfg: str, port: int, crt_list: Path) -> str:
+    """Add ``fe_plain``: ``bind 127.0.0.1:<port>`` with fe_tls's ssl options, preloading
+    ``crt_list`` (files holding the same certificates the agent loads from the store).
+
+    It cannot share certagent's crt-list: with two binds on one crt-list, HAProxy
+    2.6 answers ``add ssl crt-list`` with ``Inserting certificate ... in crt-list
+    '...'..`` (one dot per bind), which the agent does not accept as success.
+    """
+    ssl_options = re.sub(r"crt-list \S+", f"crt-list {crt_list}", _fe_tls_bind(cfg).group(1))
+    return cfg.rstrip("\n") + (
+        "\n\n# certagent bench: the same certificates on a plain TLS bind, no hop\n"
+        "frontend fe_plain\n"
+        "    mode http\n"
+        f"    bind 127.0.0.1:{port} {ssl_options}\n"
+        "    default_backend be_app\n"
+    )
+
+
+# --- hop variants ------------------------------------------------------------------------
+
+
+def _section(cfg: str, name: str) -> tuple[int, int]:
+    """Start and end offsets of the ``frontend|backend <name>`` section's body."""
+    match = re.search(rf"^(?:frontend|backend) {re.escape(name)}\n", cfg, re.M)
+    if match is None:
+        raise ValueError(f"no section {name} in the configuration")
+    end = re.search(r"^\S", cfg[match.end() :], re.M)
+    return match.end(), match.end() + (end.start() if end else len(cfg) - match.end())
+
+
+def _add_to_section(cfg: str, name: str, line: str, after: str = "    mode tcp\n") -> str:
+    start, end = _section(cfg, name)
+    body = cfg[start:end]
+    if after not in body:
+        raise ValueError(f"{after.strip()!r} not in section {name}")
+    return cfg[:start] + body.replace(after, after + line + "\n", 1) + cfg[end:]
+
+
+def _global(cfg: str, line: str) -> str:
+    return cfg.replace("\nglobal\n", f"\nglobal\n{line}\n", 1)
+
+
+def splice(cfg: str) -> str:
+    """``option splice-auto`` on both sides of the tcp hop (fe_sni and be_certagent_tls)."""
+    cfg = _add_to_section(cfg, "fe_sni", "    option splice-auto")
+    return _add_to_section(cfg, "be_certagent_tls", "    option splice-auto")
+
+
+def fewer_rules(cfg: str) -> str:
+    """One SNI extraction and one map lookup per connection, and an early ``accept``.
+
+    Generated (a loaded host evaluates hello-type twice, lower+map twice, then accept)::
+
+        lua ... if { req.ssl_hello_type 1 } !{ req.ssl_sni,lower,map(M) -m found }
+        track-sc0 req.ssl_sni,lower if { req.ssl_sni,lower,map(M) -m found }
+        accept if { req.ssl_hello_type 1 }
+
+    Variant (a loaded host: one hello check, one map lookup, accept at rule 3)::
+
+        set-var(txn.sni) req.ssl_sni,lower if { req.ssl_hello_type 1 }
+        track-sc0 var(txn.sni) if { var(txn.sni),map(M) -m found }
+        accept if { sc0_tracked }
+        lua ... if { req.ssl_hello_type 1 }
+        track-sc0 var(txn.sni) if { var(txn.certagent) -m str ok }
+    """
+    lua = re.search(r"^    tcp-request content (lua\.\S+ \S+ \d+) if .*$", cfg, re.M)
+    track = re.search(r"^    tcp-request content track-sc0 .*map\((\S+)\) -m found \}$", cfg, re.M)
+    if lua is None or track is None:
+        raise ValueError("the generated fe_sni rules are not as expected")
+    action, map_file = lua.group(1), track.group(1)
+    fast = (
+        "    tcp-request content set-var(txn.sni) req.ssl_sni,lower if { req.ssl_hello_type 1 }\n"
+        f"    tcp-request content track-sc0 var(txn.sni) if {{ var(txn.sni),map({map_file})"
+        " -m found }\n"
+        "    tcp-request content accept if { sc0_tracked }\n"
+        f"    tcp-request content {action} if {{ req.ssl_hello_type 1 }}\n"
+        "    tcp-request content track-sc0 var(txn.sni) if { var(txn.certagent) -m str ok }"
+    )
+    cfg = cfg.replace(track.group(0) + "\n", "", 1)
+    return cfg.replace(lua.group(0), fast, 1)
+
+
+def nbthread1(cfg: str) -> str:
+    """``nbthread 1`` (HAProxy 2.6 defaults to one thread per CPU: 2 here)."""
+    return _global(cfg, "    nbthread 1")
+
+
+def bufsize32k(cfg: str) -> str:
+    """``tune.bufsize 32768`` instead of 16384."""
+    return re.sub(r"tune\.bufsize \d+", "tune.bufsize 32768", cfg, count=1)
+
+
+def abns(cfg: str) -> str:
+    """The hop on an abstract socket (measured only: abns@ has no access control)."""
+    server = re.search(r"server fe_tls unix@(\S+)", cfg)
+    if server is None:
+        raise ValueError("no unix@ hop in the configuration")
+    path = server.group(1)
+    name = "certagent-bench-" + re.sub(r"[^A-Za-z0-9]", "-", path)[-60:]
+    cfg = cfg.replace(f"unix@{path} mode 600", f"abns@{name}", 1)
+    return cfg.replace(f"unix@{path}", f"abns@{name}", 1)
+
+
+def edge_triggered(cfg: str) -> str:
+    """``tune.fd.edge-triggered on`` (experimental in 2.6: fewer epoll_ctl calls)."""
+    return _global(cfg, "    expose-experimental-directives\n    tune.fd.edge-triggered on")
+
+
+def no_proxy_v2(cfg: str) -> str:
+    """For measurement only: the hop without the PROXY v2 header (fe_tls loses the client
+    address)."""
+    cfg = cfg.replace(" send-proxy-v2", "", 1)
+    return cfg.replace(" accept-proxy", "", 1)
+
+
+def no_track(cfg: str) -> str:
+    """For measurement only: no usage tracking (the agent's LRU needs it)."""
+    return re.sub(r"^    tcp-request content track-sc0 .*\n", "", cfg, count=1, flags=re.M)
+
+
+def baseline(cfg: str) -> str:
+    return cfg
+
+
+VARIANTS: dict[str, Callable[[str], str]] = {
+    "baseline": baseline,
+    "fewer-rules": fewer_rules,
+    "splice-auto": splice,
+    "bufsize-32k": bufsize32k,
+    "nbthread-1": nbthread1,
+    "edge-triggered": edge_triggered,
+    "abns": abns,
+    "no-proxy-v2": no_proxy_v2,
+    "no-track": no_track,
+}
+
+#: Variants that change what certagent relies on: measured to explain the cost, not to adopt.
+INFORMATIVE = {"abns", "no-proxy-v2", "no-track"}

@@ -1,0 +1,311 @@
+"""``python -m bench``: run every scenario, print JSON, write JSON + Markdown + PNG.
+
+Progress goes to stderr; stdout carries only the JSON result.  Every process
+is started through :mod:`tests.stack` and stopped by PID at the end, also on
+Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from agent.scaffold import default_certificate
+from bench import _configs, report, scenarios
+from bench._certs import Leaves, host, write_preload_files
+from bench._load import client_context
+from tests.certs import KeyType
+from tests.stack import PKI, RedisFixture, RedisProcess, StackError, write_key_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+
+    def first_line(argv: list[str]) -> str:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        except OSError:
+            return "?"
+        return (out.stdout or out.stderr).splitlines()[0].strip()
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "mem_total_gb": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "haproxy": " ".join(first_line(["haproxy", "-v"]).split()[:3]),
+        "redis": " ".join(first_line(["redis-server", "--version"]).split()[:3]),
+        "python": platform.python_version(),
+    }
+
+
+def git_revision() -> str:
+    """The checked-out commit, ``+dirty`` if agent/ has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "agent"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Issue 4's targets, each with the figure this run measured."""
+    big = result["startup"]["rows"][-1]
+    churn = result["churn"]
+    cw = result["cold_warm"]["added_ms"]
+    storm = result["storm"]["certagent"]
+    hop = result["hop"]["variants"].get("baseline")
+    out: dict[str, Any] = {
+        "startup": {
+            "target": f"startup at N={big['n']:,} ≥ 100x faster than preload",
+            "measured": f"x{big['speedup']:,.0f} ({big['preload_s']:.1f} s vs "
+            f"{big['certagent_s']:.3f} s)",
+            "met": big["speedup"] >= 100,
+        },
+        "churn_rss": {
+            "target": "HAProxy RSS flat within ±5 % over the churn",
+            "measured": f"±{churn['certagent_max_deviation_pct']} % (round 1 "
+            f"{churn['certagent_rss_after_round1_mb']} MB → last {churn['certagent_rss_last_mb']}"
+            " MB)",
+            "met": churn["certagent_max_deviation_pct"] <= 5,
+        },
+        "cold_p50": {
+            "target": "cold added latency ≤ 3 ms p50",
+            "measured": f"{cw['p50']} ms",
+            "met": cw["p50"] <= 3,
+        },
+        "cold_p99": {
+            "target": "cold added latency ≤ 10 ms p99",
+            "measured": f"{cw['p99']} ms",
+            "met": cw["p99"] <= 10,
+        },
+        "storm_success": {
+            "target": "storm: 100 % verified handshakes",
+            "measured": f"{storm['success_pct']} % ({storm['verified']}/{storm['hosts']}; "
+            f"load_deadline 2.5 s: {result['storm']['certagent_deadline_2_5s']['success_pct']} %)",
+            "met": storm["success_pct"] >= 100,
+        },
+        "storm_warm": {
+            "target": "storm: warm-host p99 ≤ 2x idle",
+            "measured": f"x{storm['warm_p99_ratio']} ({storm['warm_idle_ms']['p99']} → "
+            f"{storm['warm_during_ms']['p99']} ms; preload x"
+            f"{result['storm']['preload']['warm_p99_ratio']})",
+            "met": storm["warm_p99_ratio"] <= 2,
+        },
+    }
+    if hop is not None:
+        out["hop_connection"] = {
+            "target": "hop ≤ x1.05 HAProxy CPU per new TLS connection",
+            "measured": f"x{hop['new_connection']['ratio']} (schedstat "
+            f"x{hop['new_connection']['sched_ratio']})",
+            "met": (hop["new_connection"]["ratio"] or 99) <= 1.05,
+        }
+        out["hop_request"] = {
+            "target": "hop ≤ x1.15 HAProxy CPU per keep-alive request",
+            "measured": f"x{hop['keepalive_request']['ratio']} (schedstat "
+            f"x{hop['keepalive_request']['sched_ratio']})",
+            "met": (hop["keepalive_request"]["ratio"] or 99) <= 1.15,
+        }
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="every scenario at tiny sizes (< 2 min)")
+    p.add_argument("--rsa", action="store_true", help="RSA-2048 leaves instead of ECDSA P-256")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="(bench/results)")
+    p.add_argument(
+        "--variants",
+        default=",".join(_configs.VARIANTS),
+        help="hop config variants to measure, comma-separated (default: all): "
+        + ", ".join(_configs.VARIANTS),
+    )
+    p.add_argument("--keep-work", action="store_true", help="keep the scratch directory")
+    args = p.parse_args(argv)
+    unknown = set(args.variants.split(",")) - set(_configs.VARIANTS)
+    if unknown:
+        p.error(f"unknown variants: {', '.join(sorted(unknown))}")
+    return args
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def prepare(args: argparse.Namespace, work: Path, sizes: scenarios.Sizes) -> scenarios.Bench:
+    """CA, leaves, PEM files for the preload, Redis filled through the store's own put()."""
+    key_type: KeyType = "rsa" if args.rsa else "ec"
+    pki = PKI.create(work / "root.pem", "certagent bench CA", key_type=key_type)
+    leaves = Leaves(pki)
+    names = [host(i) for i in range(sizes.store_hosts)]
+    redis = RedisProcess(work / "redis").start()
+    store = RedisFixture(redis.url, write_key_file(work / "data.key"))
+    default_cert = work / "default.pem"
+    default_cert.write_bytes(default_certificate())
+    default_cert.chmod(0o600)
+    bench = scenarios.Bench(
+        work=work,
+        cafile=pki.cafile,
+        sizes=sizes,
+        leaves=leaves,
+        names=names,
+        cert_dir=work / "certs",
+        default_cert=default_cert,
+        redis=redis,
+        store=store,
+        ctx=client_context(pki.cafile),
+        say=say,
+    )
+    bench.track(redis.stop)
+    started = time.perf_counter()
+    say(f"bench: issuing {len(names):,} {key_type} leaves, PEM files and Redis records ...")
+    with_files = names[: sizes.preload_max]
+    stored = store.put(write_preload_files(leaves, with_files, bench.cert_dir), concurrency=64)
+    stored += store.put((leaves.bundle(n) for n in names[sizes.preload_max :]), concurrency=64)
+    bench.say(f"bench: {stored:,} certificates ready in {time.perf_counter() - started:.1f} s")
+    return bench
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = scenarios.SMOKE if args.smoke else scenarios.FULL
+    sizes = dataclasses.replace(sizes, variants=tuple(args.variants.split(",")))
+    work = Path(tempfile.mkdtemp(prefix="certagent-bench-"))
+    revision = git_revision()  # the agent code every process of this run imports
+    started = time.perf_counter()
+    result: dict[str, Any] = {}
+    bench: scenarios.Bench | None = None
+    try:
+        bench = prepare(args, work, sizes)
+        prepared = time.perf_counter() - started
+        timings = {}
+        for name, fn in (
+            ("startup", scenarios.startup),
+            ("churn", scenarios.churn),
+        ):
+            t = time.perf_counter()
+            say(f"bench: scenario {name} ...")
+            result[name] = fn(bench)
+            timings[name] = round(time.perf_counter() - t, 1)
+        t = time.perf_counter()
+        say("bench: scenarios cold_warm and storm ...")
+        result["cold_warm"], result["storm"] = scenarios.latency(bench)
+        timings["cold_warm+storm"] = round(time.perf_counter() - t, 1)
+        if bench.preload_big is not None:
+            bench.preload_big.stop()
+        t = time.perf_counter()
+        say("bench: scenario hop ...")
+        result["hop"] = scenarios.hop(bench)
+        timings["hop"] = round(time.perf_counter() - t, 1)
+    finally:
+        if bench is not None:
+            bench.close_all()
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            say(f"bench: scratch directory kept: {work}")
+    now = dt.datetime.now(dt.UTC)
+    result["meta"] = {
+        "date": now.strftime("%Y-%m-%d"),
+        "time": now.strftime("%H:%M:%SZ"),
+        "mode": "smoke" if args.smoke else "full",
+        "key_type": "RSA-2048" if args.rsa else "ECDSA P-256",
+        "command": "python -m bench"
+        + (" --smoke" if args.smoke else "")
+        + (" --rsa" if args.rsa else ""),
+        "revision": revision,
+        "duration_s": round(time.perf_counter() - started, 1),
+        "prepare_s": round(prepared, 1),
+        "scenario_s": timings,
+        "machine": machine(),
+        "sizes": dataclasses.asdict(sizes),
+        "certificates": (
+            f"{sizes.store_hosts:,} leaves from one CA (root + intermediate), every leaf "
+            f"{'RSA-2048' if args.rsa else 'ECDSA P-256'} with one shared key pair (reused "
+            "for speed: HAProxy still parses every certificate and key); the same "
+            f"{sizes.store_hosts:,} are in Redis (keys AES-GCM encrypted, written with the "
+            f"store's own put) and the first {sizes.preload_max:,} are PEM files for preloading"
+        ),
+    }
+    result["targets"] = targets(result)
+    first = {"meta": result.pop("meta"), "targets": result.pop("targets")}
+    return first | result
+
+
+def write(result: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = result["meta"]
+    stem = meta["date"] + ("-smoke" if meta["mode"] == "smoke" else "")
+    stem += "-rsa" if meta["key_type"].startswith("RSA") else ""
+    json_path, md_path, png_path = (out / f"{stem}.{ext}" for ext in ("json", "md", "png"))
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    plotted = report.plot(result, png_path)
+    md_path.write_text(report.markdown(result, png_path.name if plotted else None))
+    return [json_path, md_path, *([png_path] if plotted else [])]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+    try:
+        result = run(args)
+    except _Stop as exc:
+        say(f"bench: {exc}: stopped")
+        return 130
+    except (StackError, OSError, ValueError) as exc:
+        say(f"bench: error: {exc}")
+        return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+    paths = write(result, args.out)
+    print(json.dumps(result, indent=2))
+    say("bench: wrote " + ", ".join(str(p) for p in paths))
+    return 0
