@@ -47,6 +47,8 @@ class Settings:
     load_deadline: float = 1.0
     # at most this many loads waiting for the writer; more answer "busy" at once
     max_waiting_loads: int = 256
+    # at most this many queued loads are sent to HAProxy in one pipelined batch
+    load_batch: int = 32
     # HAProxy's tune.bufsize: command + PEM must fit
     haproxy_bufsize: int = 16384
     # runtime-API reply timeout (s)
@@ -86,6 +88,8 @@ class Settings:
             self.slot_prefix.endswith(ext) for ext in (".crt", ".key", ".ocsp", ".issuer", ".sctl")
         ):
             raise ConfigError("slot_prefix must be an absolute name like /certagent/slot-")
+        if not 1 <= self.load_batch <= 256:
+            raise ConfigError("load_batch must be between 1 and 256")
         if self.haproxy_bufsize < 4096:
             raise ConfigError("haproxy_bufsize must be at least 4096 (HAProxy's tune.bufsize)")
         parse_bind(self.api_bind)

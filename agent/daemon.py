@@ -52,6 +52,7 @@ class Agent:
             ),
             usage_refresh=settings.usage_refresh,
             max_waiting=settings.max_waiting_loads,
+            batch=settings.load_batch,
         )
         negative = NegativeCache(settings.negative_ttl, settings.negative_cache_size)
         self.ensurer = Ensurer(store, self.loader, negative, load_deadline=settings.load_deadline)

@@ -42,7 +42,7 @@ RECONNECT_MIN = 0.05
 RECONNECT_MAX = 1.0
 # How often a recycling candidate may turn out to be in use before one is taken anyway.
 MAX_VICTIM_CHECKS = 8
-# At most this many queued loads go to HAProxy in one pipelined batch.
+# Default for how many queued loads go to HAProxy in one pipelined batch.
 BATCH = 32
 
 
@@ -112,6 +112,7 @@ class Loader:
         *,
         usage_refresh: float = 0.25,
         max_waiting: int = 256,
+        batch: int = BATCH,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -119,6 +120,7 @@ class Loader:
         self.names = names
         self.usage_refresh = usage_refresh
         self.max_waiting = max_waiting
+        self.batch = batch
         self.counters = LoadCounters()
         self._clock = clock
         self._lock = asyncio.Lock()
@@ -314,7 +316,7 @@ class Loader:
         """The single writer's load loop: batches from the queue until it is empty."""
         while self._queue:
             async with self._lock:
-                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+                batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
                 for request in batch:
                     request.started.set()
                 try:
