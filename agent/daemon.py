@@ -59,13 +59,17 @@ class Agent:
         self.live = LiveUpdater(store, self.loader, negative)
         self.control = ControlServer(settings.agent_socket, self.ensurer, self.status)
 
+    async def _hits(self, what: str) -> dict[str, int]:
+        """Connections per host from the usage table; empty (and a warning) if unreadable."""
+        try:
+            return await self.loader.hits_by_host()
+        except HAProxyError as exc:
+            log.warning("%s: cannot read the usage table: %s", what, exc)
+            return {}
+
     async def status(self) -> dict[str, Any]:
         identity = self.loader.identity
-        try:
-            hits = await self.loader.hits_by_host()
-        except HAProxyError as exc:
-            log.warning("status: cannot read the usage table: %s", exc)
-            hits = {}
+        hits = await self._hits("status")
         return {
             "agent_pid": os.getpid(),
             "haproxy_pid": identity.pid if identity else None,
@@ -91,11 +95,7 @@ class Agent:
 
     async def loaded(self) -> list[LoadedSlot]:
         """What HAProxy holds now, for ``GET /v1/loaded``."""
-        try:
-            hits = await self.loader.hits_by_host()
-        except HAProxyError as exc:
-            log.warning("loaded: cannot read the usage table: %s", exc)
-            hits = {}
+        hits = await self._hits("loaded")
         return loaded_slots(
             self.pool.slots, hits, now=datetime.now(UTC), monotonic_now=time.monotonic()
         )
@@ -169,7 +169,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
-        await agent.client.close()
+        await agent.loader.close()
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -222,6 +222,16 @@ class Loader:
             c.identity.pid if c.identity else "?",
         )
 
+    async def close(self) -> None:
+        """Stop the batch writer (pending loads fail) and close the runtime connection."""
+        if self._drainer is not None and not self._drainer.done():
+            self._drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drainer
+        _fail(list(self._queue), AgentError("the agent is stopping"))
+        self._queue.clear()
+        await self.client.close()
+
     # --- loads ---------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
