@@ -113,8 +113,8 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for label, key in (
-        ("certagent (load_deadline 1 s)", "certagent"),
-        ("certagent (load_deadline 2.5 s)", "certagent_deadline_2_5s"),
+        ("certagent (load_batch 32, the default)", "certagent"),
+        ("certagent (load_batch 1)", "certagent_batch_1"),
         ("preload", "preload"),
     ):
         v = st[key]
@@ -127,7 +127,7 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
             f"x{v['warm_p99_ratio']} | {errors} |"
         )
 
-    for label, key in (("load_deadline 1 s", "certagent"), ("2.5 s", "certagent_deadline_2_5s")):
+    for label, key in (("load_batch 32", "certagent"), ("load_batch 1", "certagent_batch_1")):
         counters = st[key].get("agent_counters")
         if counters:
             listed = ", ".join(f"{k} {v}" for k, v in counters.items())
@@ -232,8 +232,8 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     ax = axes[1][1]
     st = result["storm"]
     keys = [
-        ("certagent", "certagent\n1 s"),
-        ("certagent_deadline_2_5s", "certagent\n2.5 s"),
+        ("certagent", "certagent\nbatch 32"),
+        ("certagent_batch_1", "certagent\nbatch 1"),
         ("preload", "preload"),
     ]
     x = range(len(keys))

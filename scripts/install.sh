@@ -12,7 +12,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.certagent-installed"
-PACKAGES=(haproxy redis-server openssl)
+# gcc, libc6-dev and libssl-dev build the benchmark's C load generator (bench/tlsload.c).
+PACKAGES=(haproxy redis-server openssl gcc libc6-dev libssl-dev)
 
 say() { printf 'install: %s\n' "$*"; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
@@ -56,7 +57,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
     apt_install "${missing[@]}"
 else
-    say "haproxy, redis-server, openssl: already installed"
+    say "${PACKAGES[*]}: already installed"
 fi
 say "$(haproxy -v 2>/dev/null | head -n 1 | cut -d' ' -f1-3), $(redis-server --version | cut -d' ' -f1-3)"
 

@@ -30,6 +30,10 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert list(result)[:2] == ["meta", "targets"]
     assert {"startup", "churn", "cold_warm", "storm", "hop"} <= set(result)
     assert result["meta"]["mode"] == "smoke"
+    assert result["meta"]["storm_client"] in (
+        "bench/tlsload.c (C, OpenSSL, epoll)",
+        "Python asyncio",
+    )
     assert {"nproc", "cpu_model", "mem_total_gb"} <= set(result["meta"]["machine"])
     assert {
         "startup",
@@ -51,7 +55,7 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert all(r["warm_handshakes_ok"] == sampled for r in churn["per_round"])
     assert result["cold_warm"]["failures"] == 0
     assert result["cold_warm"]["certagent_cold_ms"]["count"] == 100
-    for side in ("certagent", "certagent_deadline_2_5s", "preload"):
+    for side in ("certagent", "certagent_batch_1", "preload"):
         assert {"success_pct", "latency_ms", "warm_idle_ms", "warm_during_ms"} <= set(
             result["storm"][side]
         )
