@@ -31,6 +31,8 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         "",
         f"Certificates: {meta['certificates']}",
         "",
+        f"Storm client and warm-host prober: {meta.get('storm_client', 'Python asyncio')}.",
+        "",
     ]
     t = result["targets"]
     out += [
