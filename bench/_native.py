@@ -42,7 +42,6 @@ __all__ = [
     "Build",
     "NativeLoadError",
     "NativeProber",
-    "build",
     "storm_native",
     "try_build",
 ]
@@ -51,6 +50,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("tlsload.c")
 BINARY_NAME = "tlsload"
+LABEL = "bench/tlsload.c (C, OpenSSL, epoll)"  # how reports name this client
 COMPILE_TIMEOUT = 120.0
 # What tlsload accepts (it checks again): the names the bench generates.
 _HOSTNAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
@@ -113,21 +113,18 @@ def try_build(work: Path, source: Path = SOURCE) -> Build:
     return Build(binary)
 
 
-def build(work: Path) -> Path | None:
-    """``work/tlsload``, compiled if needed; None (reason logged) without cc or OpenSSL."""
-    built = try_build(work)
-    if built.binary is None:
-        log.info("native load generator unavailable: %s", built.reason)
-    return built.binary
-
-
 # --- the storm ---------------------------------------------------------------------------
+
+
+def _check_host(host: str) -> str:
+    if not _HOSTNAME.fullmatch(host):
+        raise ValueError(f"tlsload takes hostnames of letters, digits, '.', '-', '_': {host!r}")
+    return host
 
 
 def _host_lines(hosts: Sequence[str]) -> bytes:
     for host in hosts:
-        if not _HOSTNAME.fullmatch(host):
-            raise ValueError(f"tlsload takes hostnames of letters, digits, '.', '-', '_': {host!r}")
+        _check_host(host)
     return "".join(f"{host}\n" for host in hosts).encode("ascii")
 
 
@@ -222,8 +219,7 @@ class NativeProber:
         interval: float = 0.01,
         timeout: float = TIMEOUT,
     ) -> None:
-        if not _HOSTNAME.fullmatch(host):
-            raise ValueError(f"tlsload takes hostnames of letters, digits, '.', '-', '_': {host!r}")
+        _check_host(host)
         self._argv = [
             str(binary), "probe",
             "--port", str(port),

@@ -208,8 +208,8 @@ def prepare(args: argparse.Namespace, work: Path, sizes: scenarios.Sizes) -> sce
     build = _native.try_build(work)
     bench.native = build.binary
     say(
-        "bench: storm client: "
-        + ("bench/tlsload.c (C, OpenSSL)" if build.binary else f"Python ({build.reason})")
+        f"bench: storm client: {bench.storm_client}"
+        + (f" ({build.reason})" if build.reason else "")
     )
     started = time.perf_counter()
     say(f"bench: issuing {len(names):,} {key_type} leaves, PEM files and Redis records ...")
@@ -272,11 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "scenario_s": timings,
         "machine": machine(),
         "sizes": dataclasses.asdict(sizes),
-        "storm_client": (
-            "bench/tlsload.c (C, OpenSSL, epoll)"
-            if bench is not None and bench.native is not None
-            else "Python asyncio"
-        ),
+        "storm_client": bench.storm_client if bench is not None else "?",
         "certificates": (
             f"{sizes.store_hosts:,} leaves from one CA (root + intermediate), every leaf "
             f"{'RSA-2048' if args.rsa else 'ECDSA P-256'} with one shared key pair (reused "

@@ -23,6 +23,7 @@ from bench import _configs, _native
 from bench._certs import Leaves, write_crt_list
 from bench._load import (
     Prober,
+    StormResult,
     keepalive_requests,
     new_connections,
     storm,
@@ -128,7 +129,25 @@ class Bench:
     preload_big: HAProxyProcess | None = None
     native: Path | None = None  # bench/tlsload.c built, or None: the Python client is used
 
-    # host ranges: churn, then cold/warm, storm, storm with a longer load deadline
+    @property
+    def storm_client(self) -> str:
+        """What the storm and the warm-host prober run on, as reports name it."""
+        return _native.LABEL if self.native is not None else "Python asyncio"
+
+    def prober(self, port: int, host: str) -> Prober | _native.NativeProber:
+        """A warm-host prober (a context manager) on the storm's client."""
+        if self.native is None:
+            return Prober(port, host, self.cafile)
+        return _native.NativeProber(self.native, port, host, self.cafile)
+
+    def storm(self, port: int, hosts: Sequence[str]) -> StormResult:
+        """A storm of verified handshakes for ``hosts`` on the storm's client."""
+        c, spread = self.sizes.storm_concurrency, self.sizes.storm_spread
+        if self.native is None:
+            return asyncio.run(storm(port, hosts, self.ctx, c, spread))
+        return asyncio.run(_native.storm_native(self.native, port, hosts, self.cafile, c, spread))
+
+    # host ranges: churn, then cold/warm, storm, the storm again with load_batch 1
     def churn_round(self, r: int) -> list[str]:
         n = self.sizes.churn_per_round
         return self.names[r * n : (r + 1) * n]
@@ -380,28 +399,11 @@ def _counters(stack: Stack | None) -> dict[str, int]:
 def _storm_against(
     bench: Bench, port: int, hosts: Sequence[str], warm_host: str, stack: Stack | None = None
 ) -> dict[str, Any]:
-    sizes = bench.sizes
-    native = bench.native
-
-    def prober() -> Prober | _native.NativeProber:
-        if native is None:
-            return Prober(port, warm_host, bench.cafile)
-        return _native.NativeProber(native, port, warm_host, bench.cafile)
-
-    with prober() as idle:
-        time.sleep(sizes.idle_probe_seconds)
+    with bench.prober(port, warm_host) as idle:
+        time.sleep(bench.sizes.idle_probe_seconds)
     before = _counters(stack)
-    with prober() as during:
-        if native is None:
-            result = asyncio.run(
-                storm(port, hosts, bench.ctx, sizes.storm_concurrency, sizes.storm_spread)
-            )
-        else:
-            result = asyncio.run(
-                _native.storm_native(
-                    native, port, hosts, bench.cafile, sizes.storm_concurrency, sizes.storm_spread
-                )
-            )
+    with bench.prober(port, warm_host) as during:
+        result = bench.storm(port, hosts)
     after = _counters(stack)
     idle_ms = summary_ms(idle.samples)
     during_ms = summary_ms(during.samples)
