@@ -75,6 +75,15 @@ def _failed(future: asyncio.Future[tuple[Slot, ...]]) -> bool:
     return not future.cancelled() and future.exception() is not None
 
 
+def _listed(crt_list: str, slot: str, reply: str) -> bool:
+    """Whether ``reply`` to ``add ssl crt-list`` says the line went in."""
+    try:
+        protocol.check_add_crtlist(crt_list, slot, reply)
+    except HAProxyError:
+        return False
+    return True
+
+
 def _fail(batch: list[_Request], error: AgentError) -> None:
     for request in batch:
         if not request.future.done():
@@ -402,13 +411,14 @@ class Loader:
             request.future.set_result(ready)
 
     async def _run_loads(self, loads: list[_Load]) -> None:
-        """Commit every load's certificate into its slot: two pipelined writes in all.
+        """Commit every load's certificate into its slot, in one pipelined write.
 
-        Each load is ``[new ssl cert] set + commit + abort``: the trailing abort
-        closes the transaction of a failed commit, so no load of the batch can
-        leak into the next one's transaction (the 2.6.12 merge).  Recycled
-        slots' hosts leave the map first; new crt-list lines are added only for
-        committed certificates.
+        Each load is ``[new ssl cert] set + commit + abort [+ add ssl crt-list]``:
+        the trailing abort closes the transaction of a failed commit, so no load
+        of the batch can leak into the next one's transaction (the 2.6.12 merge),
+        and HAProxy refuses to list a certificate store that is still empty, so a
+        slot whose commit failed does not become a crt-list line.  Recycled
+        slots' hosts leave the map first.
         """
         if not loads:
             return
@@ -425,7 +435,10 @@ class Loader:
                 Command(("commit", "ssl", "cert", ld.slot)),
                 Command(("abort", "ssl", "cert", ld.slot)),
             ]
+            if ld.state is not SlotState.LISTED:
+                commands.append(Command(("add", "ssl", "crt-list", self.names.crt_list, ld.slot)))
         replies = iter(await self.client.pipeline(commands))
+        stale: list[str] = []  # listed, but holding what an earlier agent left in the store
         for ld in loads:
             if ld.victim is not None:
                 for _ in ld.victim.hosts:
@@ -434,12 +447,15 @@ class Loader:
             # read all of this load's replies before judging them, to stay aligned
             new_reply = next(replies) if ld.state is SlotState.NEW else None
             set_reply, commit_reply, _abort = next(replies), next(replies), next(replies)
+            list_reply = next(replies) if ld.state is not SlotState.LISTED else None
             try:
                 if new_reply is not None:
                     protocol.check_new_cert(ld.slot, new_reply)
                     self.pool.add_spare(ld.slot)
                 protocol.check_set_cert(ld.slot, set_reply)
                 protocol.check_commit_cert(ld.slot, commit_reply)
+                if list_reply is not None:
+                    protocol.check_add_crtlist(self.names.crt_list, ld.slot, list_reply)
             except WrongTransaction:
                 raise
             except HAProxyError as exc:
@@ -447,20 +463,13 @@ class Loader:
                 log.error(
                     "loading %s into %s failed: %s", " ".join(ld.cert.bundle.names), ld.slot, exc
                 )
-        listing = [ld for ld in loads if ld.error is None and ld.state is not SlotState.LISTED]
-        replies = iter(
-            await self.client.pipeline(
-                [
-                    Command(("add", "ssl", "crt-list", self.names.crt_list, ld.slot))
-                    for ld in listing
-                ]
-            )
-        )
-        for ld in listing:
-            try:
-                protocol.check_add_crtlist(self.names.crt_list, ld.slot, next(replies))
-            except HAProxyError as exc:
-                ld.error = exc
+                if list_reply is not None and _listed(self.names.crt_list, ld.slot, list_reply):
+                    stale.append(ld.slot)
+        for name in stale:
+            # The commit failed but the line went in: the store was not empty (a spare
+            # name from an earlier agent).  Serve the placeholder there, not its leftovers.
+            await self._set_and_commit(name, self._placeholder)
+            self.pool.add_free(name)
         now = self._clock()
         for ld in loads:
             if ld.error is not None:
@@ -535,33 +544,6 @@ class Loader:
         protocol.check_del_map(
             "del map", await self.client.execute("del", "map", self.names.map_path, host)
         )
-
-    async def _pick_victim(self, exclude: Sequence[str]) -> Slot:
-        """The least recently used slot, its usage re-read right before it is taken.
-
-        The table snapshot may be ``usage_refresh`` old; a host used since then
-        must not lose its slot, so the candidate's own hosts are looked up afresh
-        (``show table <t> key <host>``, one cheap command each) and, if they
-        were used meanwhile, the choice is made again.
-        """
-        seen = await self._last_seen()
-        for _ in range(MAX_VICTIM_CHECKS):
-            victim = self.pool.victim(seen, exclude)
-            before = recency(victim, seen)
-            now = self._clock()
-            for host in sorted(victim.hosts):
-                reply = await self.client.execute(
-                    "show", "table", self.names.usage_table, "key", host
-                )
-                fresh = last_seen_from_table(
-                    ((e.key, e.expire_ms) for e in protocol.parse_show_table(reply)),
-                    self.names.usage_expire_ms,
-                    now,
-                )
-                seen.update(fresh)
-            if recency(victim, seen) <= before:
-                return victim
-        return victim
 
     async def _last_seen(self) -> dict[str, float]:
         now = self._clock()

@@ -11,9 +11,11 @@ adopted after an agent restart.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import islice
 
 
 class SlotState(Enum):
@@ -45,8 +47,10 @@ class SlotPool:
         # host -> the slots serving it (two for an ECDSA + RSA pair); a host is here
         # exactly while it is in HAProxy's loaded map
         self._by_host: dict[str, tuple[Slot, ...]] = {}
-        self._spare: list[str] = []  # slot names HAProxy knows but no crt-list line uses
-        self._free: list[str] = []  # crt-list slots holding the placeholder certificate
+        # Ordered sets (dicts with None values): O(1) membership however large the pool.
+        self._spare: dict[str, None] = {}  # slot names HAProxy knows but no crt-list line uses
+        self._free: dict[str, None] = {}  # crt-list slots holding the placeholder certificate
+        self._lowest_untaken = 1  # every slot number below this one is in use
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -61,6 +65,7 @@ class SlotPool:
         self._by_host.clear()
         self._spare.clear()
         self._free.clear()
+        self._lowest_untaken = 1
 
     def slot_name(self, number: int) -> str:
         return f"{self.prefix}{number:05d}.pem"
@@ -96,38 +101,28 @@ class SlotPool:
     def free_slots(self) -> tuple[str, ...]:
         return tuple(self._free)
 
-    def has_room(self) -> bool:
-        """True if a load needs no recycling: a free slot, or room to add a crt-list line."""
-        return bool(self._free) or len(self._slots) < self.capacity
-
-    def next_name(self) -> tuple[str, SlotState]:
-        """Where the next load goes without recycling, and what HAProxy already has of it."""
-        if self._free:
-            return self._free[0], SlotState.LISTED
-        if self._spare:
-            return self._spare[0], SlotState.KNOWN
-        used = set(self._slots)
-        number = 1
-        while self.slot_name(number) in used:
-            number += 1
-        return self.slot_name(number), SlotState.NEW
+    def _taken(self, name: str) -> bool:
+        return name in self._slots or name in self._free or name in self._spare
 
     def growth(self, count: int) -> list[tuple[str, SlotState]]:
         """Up to ``count`` places for loads that need no recycling, best first.
 
         Free slots (already crt-list lines), then spare names HAProxy knows,
-        then new names, never past ``capacity`` crt-list lines in all.
+        then new names (the lowest numbers not in use), never past ``capacity``
+        crt-list lines in all.  Costs O(count), not O(pool size): names only
+        leave the pool on :meth:`clear`, so the lowest untaken number only grows.
         """
-        places = [(name, SlotState.LISTED) for name in self._free[:count]]
+        places = [(name, SlotState.LISTED) for name in islice(self._free, count)]
         room = self.capacity - len(self._slots) - len(self._free)
-        spare = self._spare[: max(0, min(count - len(places), room))]
+        spare = list(islice(self._spare, max(0, min(count - len(places), room))))
         places += [(name, SlotState.KNOWN) for name in spare]
         room -= len(spare)
-        taken = set(self._slots) | set(self._free) | set(self._spare)
-        number = 1
+        while self._taken(self.slot_name(self._lowest_untaken)):
+            self._lowest_untaken += 1
+        number = self._lowest_untaken
         while len(places) < count and room > 0:
             name = self.slot_name(number)
-            if name not in taken:
+            if not self._taken(name):
                 places.append((name, SlotState.NEW))
                 room -= 1
             number += 1
@@ -135,25 +130,23 @@ class SlotPool:
 
     def add_spare(self, name: str) -> None:
         if name not in self._slots and name not in self._spare:
-            self._spare.append(name)
+            self._spare[name] = None
 
     def add_free(self, name: str) -> None:
         """``name`` is a crt-list slot holding the placeholder certificate."""
         old = self._slots.pop(name, None)
         if old is not None:
             self._forget(old)
-        if name not in self._free:
-            self._free.append(name)
+        self._spare.pop(name, None)
+        self._free[name] = None
 
     def place(self, slot: Slot) -> None:
         """Record ``slot`` (new, adopted or recycled) with its certificate and hosts."""
         old = self._slots.get(slot.name)
         if old is not None:
             self._forget(old)
-        if slot.name in self._spare:
-            self._spare.remove(slot.name)
-        if slot.name in self._free:
-            self._free.remove(slot.name)
+        self._spare.pop(slot.name, None)
+        self._free.pop(slot.name, None)
         self._slots[slot.name] = slot
         self._by_fingerprint[slot.fingerprint] = slot
         for host in list(slot.hosts):
@@ -188,24 +181,17 @@ class SlotPool:
     def victims(
         self, count: int, last_seen: Mapping[str, float], exclude: Iterable[str] = ()
     ) -> list[Slot]:
-        """The ``count`` least recently used slots (fewer if the pool has fewer)."""
-        excluded = set(exclude)
-        candidates = [s for s in self._slots.values() if s.name not in excluded]
-        return sorted(candidates, key=lambda s: recency(s, last_seen))[:count]
-
-    def victim(self, last_seen: Mapping[str, float], exclude: Iterable[str] = ()) -> Slot:
-        """The slot least recently used by real traffic.
+        """The ``count`` slots least recently used by real traffic, oldest first.
 
         ``last_seen`` maps hostnames to the time of their last connection (from
         HAProxy's stick-table); a slot's recency is the latest of those for its
         hosts and its own load time, so a slot loaded a moment ago is not taken
-        before its first connection shows in the table.
+        before its first connection shows in the table.  Fewer if the pool has
+        fewer slots outside ``exclude``.
         """
         excluded = set(exclude)
-        candidates = [s for s in self._slots.values() if s.name not in excluded]
-        if not candidates:
-            raise LookupError("no slot to recycle")
-        return min(candidates, key=lambda s: recency(s, last_seen))
+        candidates = (s for s in self._slots.values() if s.name not in excluded)
+        return heapq.nsmallest(count, candidates, key=lambda s: recency(s, last_seen))
 
 
 def recency(slot: Slot, last_seen: Mapping[str, float]) -> float:

@@ -16,21 +16,20 @@ def slot(pool: SlotPool, n: int, fp: str, *hosts: str, at: float = 0.0) -> Slot:
 
 def test_grows_to_capacity_with_fresh_names() -> None:
     pool = SlotPool(2, PREFIX)
-    assert pool.has_room()
-    assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
+    assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.NEW)]
     slot(pool, 1, "A", "a.test")
-    assert pool.next_name() == ("/certagent/slot-00002.pem", SlotState.NEW)
+    assert pool.growth(1) == [("/certagent/slot-00002.pem", SlotState.NEW)]
     slot(pool, 2, "B", "b.test")
-    assert not pool.has_room()
+    assert pool.growth(1) == []
     assert len(pool) == 2
 
 
 def test_spare_names_are_reused_before_new_ones() -> None:
     pool = SlotPool(3, PREFIX)
     pool.add_spare("/certagent/slot-00007.pem")
-    assert pool.next_name() == ("/certagent/slot-00007.pem", SlotState.KNOWN)
+    assert pool.growth(1) == [("/certagent/slot-00007.pem", SlotState.KNOWN)]
     pool.place(Slot("/certagent/slot-00007.pem", "A", None, {"a.test"}))
-    assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
+    assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.NEW)]
 
 
 def test_lookup_by_host_and_fingerprint() -> None:
@@ -99,9 +98,8 @@ def test_victim_skips_excluded_slots() -> None:
     pool = SlotPool(2, PREFIX)
     old = slot(pool, 1, "A", "a.test", at=0.0)
     slot(pool, 2, "B", "b.test", at=5.0)
-    assert pool.victim({}, exclude=[old.name]).fingerprint == "B"
-    with pytest.raises(LookupError):
-        pool.victim({}, exclude=[s.name for s in pool.slots])
+    assert [v.fingerprint for v in pool.victims(1, {}, exclude=[old.name])] == ["B"]
+    assert pool.victims(1, {}, exclude=[s.name for s in pool.slots]) == []
 
 
 def test_victim_is_least_recently_used_by_traffic() -> None:
@@ -110,8 +108,8 @@ def test_victim_is_least_recently_used_by_traffic() -> None:
     slot(pool, 2, "B", "cold.test", at=1.0)
     fresh = slot(pool, 3, "C", "new.test", at=50.0)
     seen = {"hot.test": 99.0, "cold.test": 2.0}
-    victim = pool.victim(seen)
-    assert victim.fingerprint == "B"
+    assert [v.fingerprint for v in pool.victims(1, seen)] == ["B"]
+    assert [v.fingerprint for v in pool.victims(3, seen)] == ["B", "C", "A"]
     assert recency(hot, seen) == 99.0
     assert recency(fresh, seen) == 50.0  # load time protects a slot not yet in the table
 
@@ -121,12 +119,11 @@ def test_victim_counts_any_host_of_a_wildcard_slot() -> None:
     w = slot(pool, 1, "W", "a.w.test", at=0.0)
     pool.map_host("b.w.test", [w])
     slot(pool, 2, "X", "x.test", at=10.0)
-    assert pool.victim({"b.w.test": 20.0}).fingerprint == "X"
+    assert [v.fingerprint for v in pool.victims(1, {"b.w.test": 20.0})] == ["X"]
 
 
-def test_victim_of_empty_pool() -> None:
-    with pytest.raises(LookupError):
-        SlotPool(1, PREFIX).victim({})
+def test_victims_of_empty_pool() -> None:
+    assert SlotPool(1, PREFIX).victims(1, {}) == []
 
 
 def test_capacity_must_be_positive() -> None:
@@ -141,7 +138,7 @@ def test_clear() -> None:
     pool.clear()
     assert len(pool) == 0
     assert not pool.is_mapped("a.test")
-    assert pool.next_name() == ("/certagent/slot-00001.pem", SlotState.NEW)
+    assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.NEW)]
 
 
 def test_last_seen_from_table() -> None:
@@ -157,16 +154,15 @@ def test_free_slots_come_first_and_count_toward_capacity() -> None:
     pool = SlotPool(2, PREFIX)
     a = slot(pool, 1, "A", "a.test")
     slot(pool, 2, "B", "b.test")
-    assert not pool.has_room()
+    assert pool.growth(1) == []
     pool.add_free(a.name)
     assert not pool.is_mapped("a.test")
     assert pool.for_fingerprint("A") is None
     assert pool.free_slots == (a.name,)
-    assert pool.has_room()
-    assert pool.next_name() == (a.name, SlotState.LISTED)
+    assert pool.growth(2) == [(a.name, SlotState.LISTED)]
     slot(pool, 1, "C", "c.test")
     assert pool.free_slots == ()
-    assert not pool.has_room()
+    assert pool.growth(1) == []
 
 
 def test_for_certificate() -> None:
@@ -203,3 +199,32 @@ def test_victims_in_lru_order() -> None:
     assert [v.fingerprint for v in pool.victims(2, {})] == ["B", "C"]
     assert [v.fingerprint for v in pool.victims(5, {"b.test": 9.0})] == ["C", "A", "B"]
     assert [v.fingerprint for v in pool.victims(2, {}, exclude=[pool.slot_name(2)])] == ["C", "A"]
+
+
+def test_growth_takes_the_lowest_free_numbers_and_stays_cheap_in_a_large_pool() -> None:
+    pool = SlotPool(100_000, PREFIX)
+    for n in (1, 2, 4):
+        slot(pool, n, f"F{n}")
+    assert pool.growth(3) == [
+        ("/certagent/slot-00003.pem", SlotState.NEW),
+        ("/certagent/slot-00005.pem", SlotState.NEW),
+        ("/certagent/slot-00006.pem", SlotState.NEW),
+    ]
+    assert pool.growth(1) == [("/certagent/slot-00003.pem", SlotState.NEW)]  # nothing reserved
+    for n in range(3, 50_001):
+        slot(pool, n, f"F{n}")
+    calls = 0
+    real = pool.slot_name
+
+    def counting(number: int) -> str:
+        nonlocal calls
+        calls += 1
+        return real(number)
+
+    pool.slot_name = counting  # type: ignore[method-assign]
+    for _ in range(100):
+        assert pool.growth(1) == [("/certagent/slot-50001.pem", SlotState.NEW)]
+    assert calls <= 100 * 3 + 50_001  # one scan past the used numbers, then O(1) per call
+    pool.slot_name = real  # type: ignore[method-assign]
+    pool.clear()
+    assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.NEW)]
