@@ -61,7 +61,8 @@ class ControlServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
+            async with asyncio.timeout(READ_TIMEOUT):
+                line = await reader.readline()
             writer.write((await self._answer(line)).encode() + b"\n")
             await writer.drain()
         except (TimeoutError, ValueError, ConnectionError) as exc:

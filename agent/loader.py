@@ -286,7 +286,8 @@ class Loader:
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain(), name="loader-batches")
         try:
-            await asyncio.wait_for(request.started.wait(), start_deadline)
+            async with asyncio.timeout(start_deadline):
+                await request.started.wait()
         except TimeoutError as exc:
             if not request.started.is_set():
                 self._queue.remove(request)
