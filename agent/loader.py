@@ -414,21 +414,25 @@ class Loader:
     async def _run_loads(self, loads: list[_Load]) -> None:
         """Commit every load's certificate into its slot, in one pipelined write.
 
-        Each load is ``[new ssl cert] set + commit + abort [+ add ssl crt-list]``:
+        Each load is ``[new ssl cert] set + commit + abort [+ add ssl crt-list]``,
+        after a recycled slot's hosts leave the map and the usage table:
         the trailing abort closes the transaction of a failed commit, so no load
         of the batch can leak into the next one's transaction (the 2.6.12 merge),
         and HAProxy refuses to list a certificate store that is still empty, so a
-        slot whose commit failed does not become a crt-list line.  Recycled
-        slots' hosts leave the map first.
+        slot whose commit failed does not become a crt-list line.
         """
         if not loads:
             return
         commands: list[Command] = []
         for ld in loads:
             if ld.victim is not None:
-                commands += [
-                    Command(("del", "map", self.names.map_path, h)) for h in sorted(ld.victim.hosts)
-                ]
+                for host in sorted(ld.victim.hosts):
+                    # out of the map, and its usage entry with it: the table then holds
+                    # about one entry per loaded host, not every host of the last hour
+                    commands += [
+                        Command(("del", "map", self.names.map_path, host)),
+                        Command(("clear", "table", self.names.usage_table, "key", host)),
+                    ]
             if ld.state is SlotState.NEW:
                 commands.append(Command(("new", "ssl", "cert", ld.slot)))
             commands += [
@@ -444,6 +448,7 @@ class Loader:
             if ld.victim is not None:
                 for _ in ld.victim.hosts:
                     protocol.check_del_map("del map", next(replies))
+                    protocol.check_empty("clear table", next(replies))
                 self.pool.drop_hosts(ld.victim)
             # read all of this load's replies before judging them, to stay aligned
             new_reply = next(replies) if ld.state is SlotState.NEW else None

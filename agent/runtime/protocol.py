@@ -142,7 +142,7 @@ def check_add_crtlist(crtlist: str, cert: str, reply: str) -> None:
 
 
 def check_empty(command: str, reply: str) -> None:
-    """``add map``, ``set map``, ``clear map`` answer nothing on success."""
+    """``add map``, ``set map``, ``clear map``, ``clear table`` answer nothing on success."""
     if reply:
         raise _fail(command, reply)
 

@@ -40,8 +40,10 @@ def haproxy_2_6(args: tuple[str, ...]) -> str:
         return "No ongoing transaction!"
     if verb == "add ssl crt-list":
         return f"Inserting certificate '{name}' in crt-list '{LIST}'.\nSuccess!"
-    if args[:2] in (("add", "map"), ("del", "map")):
+    if args[:2] in (("add", "map"), ("del", "map"), ("clear", "table")):
         return ""
+    if args[:2] == ("show", "table"):
+        return f"# table: {args[2]}, type: string, size:2000, used:0"
     raise AssertionError(f"unexpected command {args}")
 
 
@@ -153,3 +155,23 @@ def test_a_spare_store_listed_after_a_failed_commit_gets_the_placeholder() -> No
         ("/certagent/slot-00002.pem", SlotState.NEW),
     ]
     assert not pool.is_mapped("a.example.test")
+
+
+def test_recycling_takes_the_old_hosts_out_of_the_map_and_the_usage_table_first() -> None:
+    runtime = ScriptedRuntime()
+    pool = SlotPool(1, "/certagent/slot-")
+    loader = loader_with(runtime, pool)
+    asyncio.run(loader.install("a.example.test", [stored("a.example.test")], 1.0))
+    runtime.round_trips.clear()
+    slots = asyncio.run(loader.install("b.example.test", [stored("b.example.test")], 1.0))
+    slot = "/certagent/slot-00001.pem"
+    assert [s.name for s in slots] == [slot]
+    load = next(trip for trip in runtime.round_trips if ("commit", "ssl", "cert", slot) in trip)
+    assert [c[:3] for c in load] == [
+        ("del", "map", MAP), ("clear", "table", "fe_sni"),
+        ("set", "ssl", "cert"), ("commit", "ssl", "cert"), ("abort", "ssl", "cert"),
+    ]  # fmt: skip
+    assert load[1] == ("clear", "table", "fe_sni", "key", "a.example.test")
+    assert runtime.round_trips[-1] == [("add", "map", MAP, "b.example.test", slot)]
+    assert not pool.is_mapped("a.example.test")
+    assert loader.counters.recycles == 1
