@@ -10,6 +10,25 @@ def _fmt(value: float, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _opt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else _fmt(value, digits)
+
+
+def _churn_breakdown(c: dict[str, Any]) -> list[str]:
+    """What of the churn's RSS change is the TLS session cache filling (runs since run 4)."""
+    cache = c.get("certagent_session_cache_mb")
+    if not cache:
+        return []
+    return [
+        f"Of that RSS, HAProxy's shared TLS session cache (`tune.ssl.cachesize`, filled by every"
+        f" new session up to its fixed size) went from {cache[0]} to {cache[1]} MB; without it"
+        f" the largest deviation from round 1 is"
+        f" {c['certagent_max_deviation_without_session_cache_pct']} %. Usage stick-table entries"
+        f" after the last round: {c['usage_table_entries_last']:,}.",
+        "",
+    ]
+
+
 def _x(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"x{ratio}"
 
@@ -73,14 +92,19 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         f"{result['startup']['rows'][-1]['n']:,} certificates): {c['preload_rss_mb']} MB, "
         f"largest deviation {c['preload_max_deviation_pct']} %.",
         "",
-        "| round | certagent RSS MB | preload RSS MB | slots used | recycles"
+        *_churn_breakdown(c),
+        "| round | certagent RSS MB | of it TLS session cache MB | usage-table entries"
+        " | preload RSS MB | slots used | recycles"
         " | verified handshakes (cold / warm / preload) | ensure not ok |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     sample = c["handshakes_sampled_per_round"]
     for r in c["per_round"]:
         out.append(
-            f"| {r['round']} | {r['certagent_rss_mb']} | {r['preload_rss_mb']} | {r['slots_used']}"
+            f"| {r['round']} | {r['certagent_rss_mb']}"
+            f" | {_opt(r.get('certagent_session_cache_mb'))}"
+            f" | {_opt(r.get('usage_table_entries'), 0)}"
+            f" | {r['preload_rss_mb']} | {r['slots_used']}"
             f" | {r['recycles']} | {r['cold_handshakes_ok']}/{sample} · "
             f"{r['warm_handshakes_ok']}/{sample} · {r['preload_handshakes_ok']}/{sample}"
             f" | {r['ensure_other']} |"

@@ -216,6 +216,26 @@ def _mb(kb: int) -> float:
     return round(kb / 1024, 1)
 
 
+def _session_cache_kb(pid: int) -> int:
+    """Resident KB of HAProxy's shared-memory TLS session cache (``tune.ssl.cachesize``):
+    the worker's shared anonymous mapping, filled as new sessions are stored."""
+    total, in_cache = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(None, 5)
+        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            in_cache = head[1] == "rw-s" and line.endswith("/dev/zero (deleted)")
+        elif in_cache and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def _table_entries(stack: Stack) -> int:
+    """Entries in the usage stick table, from the header of ``show table``."""
+    header = stack.admin(f"show table {stack.settings.usage_table}").partition("\n")[0]
+    used = header.rpartition("used:")[2].strip()
+    return int(used) if used.isdigit() else -1
+
+
 def _first_verified(
     port: int, host: str, ctx: ssl.SSLContext, t0: float, timeout: float, alive: Callable[[], None]
 ) -> float:
@@ -313,6 +333,8 @@ def churn(bench: Bench) -> dict[str, Any]:
         row = {
             "round": r + 1,
             "certagent_rss_mb": _mb(stack.worker_rss_kb()),
+            "certagent_session_cache_mb": round(_session_cache_kb(stack.worker_pid()) / 1024, 2),
+            "usage_table_entries": _table_entries(stack),
             "preload_rss_mb": _mb(pre.worker_rss_kb()),
             "cold_handshakes_ok": sum(x is not None for x in cold),
             "ensure_ok": sum(a == "ok" for a in answers),
@@ -329,6 +351,9 @@ def churn(bench: Bench) -> dict[str, Any]:
     after_fill = rounds[0]["certagent_rss_mb"]
     later = [row["certagent_rss_mb"] for row in rounds[1:]] or [after_fill]
     deviation = max(abs(v - after_fill) for v in later) / after_fill * 100
+    # the same without the TLS session cache, which every new session fills up to its size
+    rest = [row["certagent_rss_mb"] - row["certagent_session_cache_mb"] for row in rounds]
+    rest_deviation = max(abs(v - rest[0]) for v in rest[1:] or rest) / rest[0] * 100
     pre_values = [row["preload_rss_mb"] for row in rounds]
     return {
         "capacity": sizes.churn_capacity,
@@ -340,6 +365,12 @@ def churn(bench: Bench) -> dict[str, Any]:
         "certagent_rss_after_round1_mb": after_fill,
         "certagent_rss_last_mb": rounds[-1]["certagent_rss_mb"],
         "certagent_max_deviation_pct": round(deviation, 2),
+        "certagent_max_deviation_without_session_cache_pct": round(rest_deviation, 2),
+        "certagent_session_cache_mb": [
+            rounds[0]["certagent_session_cache_mb"],
+            rounds[-1]["certagent_session_cache_mb"],
+        ],
+        "usage_table_entries_last": rounds[-1]["usage_table_entries"],
         "preload_rss_mb": pre_values[-1],
         "preload_max_deviation_pct": round(
             max(abs(v - pre_values[0]) for v in pre_values) / pre_values[0] * 100, 2

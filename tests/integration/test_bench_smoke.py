@@ -52,6 +52,9 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert len(churn["per_round"]) == churn["rounds"] == 5
     sampled = churn["handshakes_sampled_per_round"]
     assert all(r["warm_handshakes_ok"] == sampled for r in churn["per_round"])
+    # the sampled handshakes stored TLS sessions; recycled hosts left the usage table
+    assert all(r["certagent_session_cache_mb"] > 0 for r in churn["per_round"])
+    assert all(0 < r["usage_table_entries"] <= churn["capacity"] for r in churn["per_round"])
     assert result["cold_warm"]["failures"] == 0
     assert result["cold_warm"]["certagent_cold_ms"]["count"] == 100
     for side in ("certagent", "certagent_batch_1", "preload"):
