@@ -135,8 +135,8 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         f"{st['spread_s']} s, {st['concurrency']} at once",
         "",
         "| | verified | launch span | handshake p50 / p90 / p99 ms | warm host p99 idle → "
-        "during ms | warm ratio | failures |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "during ms | warm ratio | CPU ms per new host: HAProxy · agent | failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for label, key in (
         ("certagent (load_batch 32, the default)", "certagent"),
@@ -146,11 +146,13 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         v = st[key]
         lat = v["latency_ms"]
         errors = ", ".join(f"{k}: {n}" for k, n in v["errors"].items()) or "none"
+        cpu = v.get("cpu", {})
         out.append(
             f"| {label} | {v['verified']}/{v['hosts']} ({v['success_pct']} %) | "
             f"{v['launch_span_s']} s | {lat['p50']} / {lat['p90']} / {lat['p99']} | "
             f"{v['warm_idle_ms']['p99']} → {v['warm_during_ms']['p99']} | "
-            f"x{v['warm_p99_ratio']} | {errors} |"
+            f"x{v['warm_p99_ratio']} | {_opt(cpu.get('haproxy_cpu_ms_per_host'))} · "
+            f"{_opt(cpu.get('agent_cpu_ms_per_host'))} | {errors} |"
         )
 
     for label, key in (("load_batch 32", "certagent"), ("load_batch 1", "certagent_batch_1")):

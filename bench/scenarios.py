@@ -428,13 +428,27 @@ def _counters(stack: Stack | None) -> dict[str, int]:
 
 
 def _storm_against(
-    bench: Bench, port: int, hosts: Sequence[str], warm_host: str, stack: Stack | None = None
+    bench: Bench,
+    port: int,
+    hosts: Sequence[str],
+    warm_host: str,
+    haproxy_pid: int,
+    stack: Stack | None = None,
 ) -> dict[str, Any]:
     with bench.prober(port, warm_host) as idle:
         time.sleep(bench.sizes.idle_probe_seconds)
     before = _counters(stack)
+    pids = {"haproxy": haproxy_pid} | ({"agent": stack.agent.pid} if stack and stack.agent else {})
+    cpu_before = {name: _schedstat_ns(pid) for name, pid in pids.items()}
     with bench.prober(port, warm_host) as during:
         result = bench.storm(port, hosts)
+    # on-CPU time of HAProxy's worker (and the agent) during the storm, per host
+    cpu = {
+        f"{name}_cpu_ms_per_host": round(
+            (_schedstat_ns(pid) - cpu_before[name]) / 1e6 / len(hosts), 3
+        )
+        for name, pid in pids.items()
+    }
     after = _counters(stack)
     idle_ms = summary_ms(idle.samples)
     during_ms = summary_ms(during.samples)
@@ -454,6 +468,7 @@ def _storm_against(
         "warm_during_ms": during_ms,
         "warm_probe_failures": idle.failures + during.failures,
         "warm_p99_ratio": round(during_ms["p99"] / idle_ms["p99"], 2),
+        "cpu": cpu,
     }
 
 
@@ -467,9 +482,13 @@ def cold_storm(bench: Bench, stack: Stack) -> dict[str, Any]:
         "concurrency": bench.sizes.storm_concurrency,
         "spread_s": bench.sizes.storm_spread,
     }
-    out["certagent"] = _storm_against(bench, stack.port, bench.storm_hosts(0), warm_host, stack)
+    out["certagent"] = _storm_against(
+        bench, stack.port, bench.storm_hosts(0), warm_host, stack.worker_pid(), stack
+    )
     bench.say(f"bench: storm: certagent {out['certagent']}")
-    out["preload"] = _storm_against(bench, pre.port, bench.storm_hosts(0), warm_host)
+    out["preload"] = _storm_against(
+        bench, pre.port, bench.storm_hosts(0), warm_host, pre.worker_pid()
+    )
     bench.say(f"bench: storm: preload {out['preload']}")
     # The same storm with loads sent to HAProxy one at a time (load_batch 1): fewer
     # loads per second, so more CPU left for the hosts already served.
@@ -477,7 +496,7 @@ def cold_storm(bench: Bench, stack: Stack) -> dict[str, Any]:
     stack.env["CERTAGENT_LOAD_BATCH"] = "1"
     stack.start_agent()
     out["certagent_batch_1"] = _storm_against(
-        bench, stack.port, bench.storm_hosts(1), warm_host, stack
+        bench, stack.port, bench.storm_hosts(1), warm_host, stack.worker_pid(), stack
     )
     bench.say(f"bench: storm: certagent, load_batch 1 {out['certagent_batch_1']}")
     return out
