@@ -25,6 +25,7 @@ __all__ = [
     "F_CHAIN",
     "F_KEY",
     "F_NAMES",
+    "LOOKUP_SCRIPT",
     "META_FIELDS",
     "ZERO",
     "Keys",
@@ -101,6 +102,45 @@ class Keys:
 
     def events(self) -> str:
         return f"{self.prefix}events"
+
+
+#: The lazy path's lookup in one round trip (EVALSHA).  KEYS: the name sets to try, in
+#: order (the host, then its wildcard); ARGV: the record key prefix, then the two fields.
+#: Reply: ``{k, members_1 .. members_k [, ids, rows]}``: the members of each set examined
+#: (or its error text, e.g. WRONGTYPE), stopping at the first set holding an id that
+#: :func:`valid_id` accepts; then that set's valid ids and, for each, ``HMGET`` of the
+#: fields (or its error text).  The caller re-validates everything it gets back.
+LOOKUP_SCRIPT = """
+local prefix, examined = ARGV[1], {}
+for i, key in ipairs(KEYS) do
+  local members = redis.pcall('SMEMBERS', key)
+  if members.err then
+    examined[i] = members.err
+  else
+    examined[i] = members
+    local ids, rows = {}, {}
+    for _, id in ipairs(members) do
+      if #id <= 64 and string.find(id, '^[A-Za-z0-9][A-Za-z0-9_.%-]*$') then
+        ids[#ids + 1] = id
+      end
+    end
+    if #ids > 0 then
+      for j, id in ipairs(ids) do
+        local row = redis.pcall('HMGET', prefix .. id, ARGV[2], ARGV[3])
+        if row.err then rows[j] = row.err else rows[j] = row end
+      end
+      local out = {#examined}
+      for _, m in ipairs(examined) do out[#out + 1] = m end
+      out[#out + 1] = ids
+      out[#out + 1] = rows
+      return out
+    end
+  end
+end
+local out = {#examined}
+for _, m in ipairs(examined) do out[#out + 1] = m end
+return out
+"""
 
 
 def valid_id(cert_id: str) -> bool:

@@ -61,6 +61,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 
 from agent import hostname, keycrypt
 from agent.errors import (
@@ -79,6 +80,7 @@ from agent.store._redis_layout import (
     DEFAULT_PREFIX,
     F_CHAIN,
     F_KEY,
+    LOOKUP_SCRIPT,
     META_FIELDS,
     ZERO,
     Keys,
@@ -159,6 +161,8 @@ class RedisStore:
         self._ring = keyring
         self._events_maxlen = events_maxlen
         self._client = self._connect(url, timeout, timeout, health_check_interval)
+        # the lazy path's lookup in one round trip; None once the server refused scripts
+        self._lookup_script: AsyncScript | None = self._client.register_script(LOOKUP_SCRIPT)
         # XREAD BLOCK holds its connection for up to MAX_BLOCK: give it its own pool,
         # whose socket timeout outlasts the block.
         self._blocking = self._connect(url, MAX_BLOCK + timeout, timeout, health_check_interval)
@@ -210,28 +214,71 @@ class RedisStore:
     async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
         names = candidate_names(hostname)
         with self._errors("lookup"):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.smembers(self._keys.name(name))
-                sets = await pipe.execute(raise_on_error=False)
-            chosen: tuple[str, builtins.list[str]] | None = None
-            for name, members in zip(names, sets, strict=True):
-                ids = self._index_ids(name, members)
-                if ids:
-                    chosen = (name, ids)
-                    break
-            if chosen is None:
-                return ()
-            indexed_as, ids = chosen
-            async with self._client.pipeline(transaction=False) as pipe:
-                for cert_id in ids:
-                    pipe.hmget(self._keys.cert(cert_id), [F_CHAIN, F_KEY])
-                rows = await pipe.execute(raise_on_error=False)
-        found = (
-            self._open(names[0], indexed_as, cert_id, row)
-            for cert_id, row in zip(ids, rows, strict=True)
-        )
+            if self._lookup_script is not None:
+                try:
+                    chosen = await self._lookup_in_one_trip(names)
+                except redis.exceptions.NoPermissionError as exc:
+                    log.warning(
+                        "%s: scripts are not allowed for this user (%s); lookups now take"
+                        " two round trips: grant +evalsha +script|load for one",
+                        self._url,
+                        exc,
+                    )
+                    self._lookup_script = None
+                    chosen = await self._lookup_in_two_trips(names)
+            else:
+                chosen = await self._lookup_in_two_trips(names)
+        if chosen is None:
+            return ()
+        indexed_as, rows = chosen
+        found = (self._open(names[0], indexed_as, cert_id, row) for cert_id, row in rows)
         return best_first(stored for stored in found if stored is not None)
+
+    async def _lookup_in_one_trip(
+        self, names: Sequence[str]
+    ) -> tuple[str, builtins.list[tuple[str, object]]] | None:
+        """:data:`LOOKUP_SCRIPT`: the first name set with a valid id, and its records."""
+        assert self._lookup_script is not None
+        reply = await self._lookup_script(
+            keys=[self._keys.name(name) for name in names],
+            args=[self._keys.cert(""), F_CHAIN, F_KEY],
+        )
+        if not isinstance(reply, list) or not reply or not isinstance(reply[0], int):
+            raise StoreError(f"{self._url}: lookup script gave an unexpected reply")
+        examined, rest = reply[1 : 1 + reply[0]], reply[1 + reply[0] :]
+        for name, members in zip(names, examined, strict=False):
+            if isinstance(members, bytes):  # the error text of SMEMBERS
+                members = redis.exceptions.ResponseError(to_text(members))
+            ids = self._index_ids(name, set(members) if isinstance(members, list) else members)
+            if not ids:
+                continue
+            script_rows = dict(zip(map(to_text, rest[0]), rest[1], strict=True)) if rest else {}
+            rows: builtins.list[tuple[str, object]] = []
+            for cert_id in ids:
+                row = script_rows.get(cert_id)
+                if isinstance(row, bytes):  # the error text of HMGET
+                    row = redis.exceptions.ResponseError(to_text(row))
+                rows.append((cert_id, row))
+            return name, rows
+        return None
+
+    async def _lookup_in_two_trips(
+        self, names: Sequence[str]
+    ) -> tuple[str, builtins.list[tuple[str, object]]] | None:
+        """Without scripts: the name sets in one pipeline, then the records in another."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.smembers(self._keys.name(name))
+            sets = await pipe.execute(raise_on_error=False)
+        for name, members in zip(names, sets, strict=True):
+            ids = self._index_ids(name, members)
+            if ids:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for cert_id in ids:
+                        pipe.hmget(self._keys.cert(cert_id), [F_CHAIN, F_KEY])
+                    rows = await pipe.execute(raise_on_error=False)
+                return name, list(zip(ids, rows, strict=True))
+        return None
 
     def _index_ids(self, name: str, members: object) -> builtins.list[str]:
         """The valid ids of one ``name:`` set reply, sorted; warns about anything else."""

@@ -385,12 +385,12 @@ async def test_exact_name_beats_wildcard(store: RedisStore, ca: CA) -> None:
     ]
 
 
-async def test_lookup_all_is_two_round_trips(
+async def test_lookup_all_is_one_round_trip(
     store: RedisStore, raw: redis.asyncio.Redis, ca: CA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for key_type in ("ec", "rsa"):
         await store.add(bundle_for(ca, "*.example.test", key_type=key_type))
-    await store.ping()  # connect (HELLO/CLIENT SETINFO) before counting
+    await store.lookup_all("b.example.test")  # connect, and load the script (NOSCRIPT once)
     sent: list[object] = []
     original = AbstractConnection.send_packed_command
 
@@ -403,14 +403,42 @@ async def test_lookup_all_is_two_round_trips(
     sent.clear()
     found = await store.lookup_all("a.example.test")
     assert len(found) == 2
-    assert len(sent) == 2
+    assert len(sent) == 1
     stats = await raw.info("commandstats")
     calls = {
         name.removeprefix("cmdstat_"): value["calls"]
         for name, value in stats.items()
         if name not in ("cmdstat_info", "cmdstat_config|resetstat")
     }
-    assert calls == {"smembers": 2, "hmget": 2}
+    assert calls == {"evalsha": 1, "smembers": 2, "hmget": 2}
+
+
+async def test_lookup_without_script_permission_takes_two_round_trips(
+    redis_instance: RedisServer,
+    raw: redis.asyncio.Redis,
+    ring: KeyRing,
+    ca: CA,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exact = bundle_for(ca, "a.example.test")
+    wildcard = bundle_for(ca, "*.example.test")
+    await raw.acl_setuser(
+        "noscript", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+        commands=["+@all", "-@scripting"],
+    )  # fmt: skip
+    url = f"redis://noscript:pw@127.0.0.1:{redis_instance.port}"
+    limited = RedisStore(url, keyring=ring)
+    try:
+        await limited.add(exact)
+        await limited.add(wildcard)
+        with caplog.at_level(logging.WARNING):
+            assert [s.bundle for s in await limited.lookup_all("a.example.test")] == [exact]
+            assert [s.bundle for s in await limited.lookup_all("b.example.test")] == [wildcard]
+        assert caplog.text.count("scripts are not allowed") == 1
+        assert "pw@" not in caplog.text
+    finally:
+        await limited.close()
+        await raw.acl_deluser("noscript")
 
 
 async def test_invalid_hostname_is_rejected(store: RedisStore, raw: redis.asyncio.Redis) -> None:
