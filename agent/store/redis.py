@@ -29,10 +29,10 @@ changed meanwhile.  An event's ``names`` are the record's names before and
 after the write.  The stream is trimmed to about ``events_maxlen`` entries
 (``XADD MAXLEN ~``).
 
-A lookup for ``a.example.com`` is two round trips: the SMEMBERS of
-``name:a.example.com`` and ``name:*.example.com`` in one pipeline, then an
-HMGET of ``chain`` and ``key`` of every record of the first non-empty set in
-a second one.  Keys are decrypted with the :class:`~agent.keycrypt.KeyRing`
+A lookup for ``a.example.com`` is one round trip: LOOKUP_SCRIPT (EVALSHA)
+reads ``name:a.example.com``, else ``name:*.example.com``, and the ``chain`` and
+``key`` of every record of the first set with a valid id.  A user who may not
+run scripts gets the same in two pipelined round trips.  Keys are decrypted with the :class:`~agent.keycrypt.KeyRing`
 (the ``key_file`` setting); without one a store can list records but neither
 look them up nor write them (ConfigError).
 
