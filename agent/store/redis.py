@@ -32,9 +32,10 @@ after the write.  The stream is trimmed to about ``events_maxlen`` entries
 A lookup for ``a.example.com`` is one round trip: LOOKUP_SCRIPT (EVALSHA)
 reads ``name:a.example.com``, else ``name:*.example.com``, and the ``chain`` and
 ``key`` of every record of the first set with a valid id.  A user who may not
-run scripts gets the same in two pipelined round trips.  Keys are decrypted with the :class:`~agent.keycrypt.KeyRing`
-(the ``key_file`` setting); without one a store can list records but neither
-look them up nor write them (ConfigError).
+run scripts gets the same in two pipelined round trips.  Keys are decrypted
+with the :class:`~agent.keycrypt.KeyRing` (the ``key_file`` setting); without
+one a store can list records but neither look them up nor write them
+(ConfigError).
 
 :meth:`RedisStore.changes` reads the stream and XINFO STREAM in one MULTI/EXEC
 and raises ChangesLost if events after the caller's position may have been
