@@ -62,6 +62,10 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
     ]
     for row in t.values():
         out.append(f"| {row['target']} | {row['measured']} | {_ok(row['met'])} |")
+    missed = [row for row in t.values() if not row["met"] and row.get("limit")]
+    if missed:
+        out += ["", "What limits the targets missed in this run:", ""]
+        out += [f"- {row['target']}: {row['limit']}." for row in missed]
 
     s = result["startup"]
     out += [

@@ -44,6 +44,7 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
         "hop_connection",
         "hop_request",
     } <= set(result["targets"])
+    assert all(row["limit"] for row in result["targets"].values())  # shown when missed
 
     rows = result["startup"]["rows"]
     assert [r["n"] for r in rows] == [200, 1000]
