@@ -217,7 +217,7 @@ class RedisStore:
         with self._errors("lookup"):
             if self._lookup_script is not None:
                 try:
-                    chosen = await self._lookup_in_one_trip(names)
+                    chosen = await self._lookup_in_one_trip(self._lookup_script, names)
                 except redis.exceptions.NoPermissionError as exc:
                     log.warning(
                         "%s: scripts are not allowed for this user (%s); lookups now take"
@@ -236,11 +236,10 @@ class RedisStore:
         return best_first(stored for stored in found if stored is not None)
 
     async def _lookup_in_one_trip(
-        self, names: Sequence[str]
+        self, script: AsyncScript, names: Sequence[str]
     ) -> tuple[str, builtins.list[tuple[str, object]]] | None:
         """:data:`LOOKUP_SCRIPT`: the first name set with a valid id, and its records."""
-        assert self._lookup_script is not None
-        reply = await self._lookup_script(
+        reply = await script(
             keys=[self._keys.name(name) for name in names],
             args=[self._keys.cert(""), F_CHAIN, F_KEY],
         )

@@ -121,7 +121,7 @@ def test_a_failed_commit_into_a_new_slot_lists_nothing_and_maps_nothing() -> Non
     assert not pool.is_mapped("a.example.test")
     assert len(pool) == 0
     # the name HAProxy now knows is reused (no `new`) by the next load
-    assert pool.growth(1)[0][0] == "/certagent/slot-00001.pem"
+    assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.KNOWN)]
     assert loader.counters.failures == 1
 
 
@@ -130,13 +130,14 @@ def test_a_spare_store_listed_after_a_failed_commit_gets_the_placeholder() -> No
     but the crt-list line goes in, that leftover must not be served."""
     spare = "/certagent/slot-00001.pem"
 
+    refused: list[str] = []
+
     def refuse_commit_once(args: tuple[str, ...]) -> str:
-        if args[0] == "commit" and not refuse_commit_once.done:  # type: ignore[attr-defined]
-            refuse_commit_once.done = True  # type: ignore[attr-defined]
+        if args[0] == "commit" and not refused:
+            refused.append(args[-1])
             return f"Committing {args[-1]}\nunable to load certificate\nCan't commit {args[-1]}!"
         return haproxy_2_6(args)
 
-    refuse_commit_once.done = False  # type: ignore[attr-defined]
     runtime = ScriptedRuntime(refuse_commit_once)
     pool = SlotPool(10, "/certagent/slot-")
     pool.add_spare(spare)
