@@ -22,6 +22,7 @@ from typing import Any
 from bench import _configs, _native
 from bench._certs import Leaves, write_crt_list
 from bench._load import (
+    Counted,
     Prober,
     StormResult,
     keepalive_requests,
@@ -529,14 +530,7 @@ def _measure_new(bench: Bench, port: int, hosts: Sequence[str], pid: int) -> dic
     counted = asyncio.run(new_connections(port, hosts, bench.ctx, bench.sizes.hop_new_connections))
     time.sleep(0.1)  # let HAProxy finish the last closes
     after = _cpu_sample(pid)
-    if counted.failed:
-        raise StackError(f"{counted.failed} new connections failed: {counted.errors}")
-    return {
-        "ops": counted.ok,
-        "cpu_us": (after[0] - before[0]) / counted.ok * 1e6,
-        "sched_us": (after[1] - before[1]) / counted.ok / 1e3,
-        "client_s": counted.seconds,
-    }
+    return _per_operation(counted, before, after, "new connections")
 
 
 def _measure_keepalive(bench: Bench, port: int, hosts: Sequence[str], pid: int) -> dict[str, float]:
@@ -551,8 +545,15 @@ def _measure_keepalive(bench: Bench, port: int, hosts: Sequence[str], pid: int) 
             lambda: _cpu_sample(pid),
         )
     )
+    return _per_operation(counted, before, after, "keep-alive requests")
+
+
+def _per_operation(
+    counted: Counted, before: tuple[float, int], after: tuple[float, int], what: str
+) -> dict[str, float]:
+    """HAProxy CPU per operation between two :func:`_cpu_sample` readings; all must succeed."""
     if counted.failed:
-        raise StackError(f"{counted.failed} keep-alive requests failed: {counted.errors}")
+        raise StackError(f"{counted.failed} {what} failed: {counted.errors}")
     return {
         "ops": counted.ok,
         "cpu_us": (after[0] - before[0]) / counted.ok * 1e6,
