@@ -16,9 +16,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
-from agent.pem import CertBundle, parse_bundle
-from tests.certs import KeyType, cert_pem, issue_cert, key_pem, shared_key
-from tests.stack import PKI
+from certagent.certs.pem import CertBundle, parse_bundle
+from certagent.testing import PKI
+from certagent.testing.certs import KeyType, cert_pem, issue_cert, key_pem, shared_key
 
 DOMAIN = "bench.test"
 

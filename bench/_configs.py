@@ -112,35 +112,24 @@ def splice(cfg: str) -> str:
 
 
 def fewer_rules(cfg: str) -> str:
-    """One SNI extraction and one map lookup per connection, and an early ``accept``.
+    """A loaded host tracked and accepted before the Lua rule is even looked at.
 
-    Generated (a loaded host evaluates hello-type twice, lower+map twice, then accept)::
+    Generated (a loaded host: hello-type twice, the slot variable twice, accept last)::
 
-        lua ... if { req.ssl_hello_type 1 } !{ req.ssl_sni,lower,map(M) -m found }
-        track-sc0 req.ssl_sni,lower if { req.ssl_sni,lower,map(M) -m found }
+        set-var(txn.certagent_slot) req.ssl_sni,lower,table_gpt0(fe_sni) if { hello }
+        lua ... if { req.ssl_hello_type 1 } !{ var(txn.certagent_slot) -m int gt 0 }
+        track-sc0 req.ssl_sni,lower if { var(txn.certagent_slot) -m int gt 0 }
         accept if { req.ssl_hello_type 1 }
 
-    Variant (a loaded host: one hello check, one map lookup, accept at rule 3)::
+    Variant (a loaded host stops at rule 3)::
 
-        set-var(txn.sni) req.ssl_sni,lower if { req.ssl_hello_type 1 }
-        track-sc0 var(txn.sni) if { var(txn.sni),map(M) -m found }
-        accept if { sc0_tracked }
-        lua ... if { req.ssl_hello_type 1 }
-        track-sc0 var(txn.sni) if { var(txn.certagent) -m str ok }
+        set-var(...) ; track-sc0 ... if { slot > 0 } ; accept if { sc0_tracked } ; lua ...
     """
-    lua = re.search(r"^    tcp-request content (lua\.\S+ \S+ \d+) if .*$", cfg, re.M)
-    track = re.search(r"^    tcp-request content track-sc0 .*map\((\S+)\) -m found \}$", cfg, re.M)
-    if lua is None or track is None:
+    lua = re.search(r"^    tcp-request content lua\.\S+ \S+ \d+ if .*$", cfg, re.M)
+    track = re.search(r"^    tcp-request content track-sc0 .*$", cfg, re.M)
+    if lua is None or track is None or track.start() < lua.start():
         raise ValueError("the generated fe_sni rules are not as expected")
-    action, map_file = lua.group(1), track.group(1)
-    fast = (
-        "    tcp-request content set-var(txn.sni) req.ssl_sni,lower if { req.ssl_hello_type 1 }\n"
-        f"    tcp-request content track-sc0 var(txn.sni) if {{ var(txn.sni),map({map_file})"
-        " -m found }\n"
-        "    tcp-request content accept if { sc0_tracked }\n"
-        f"    tcp-request content {action} if {{ req.ssl_hello_type 1 }}\n"
-        "    tcp-request content track-sc0 var(txn.sni) if { var(txn.certagent) -m str ok }"
-    )
+    fast = track.group(0) + "\n    tcp-request content accept if { sc0_tracked }\n" + lua.group(0)
     cfg = cfg.replace(track.group(0) + "\n", "", 1)
     return cfg.replace(lua.group(0), fast, 1)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests import tlsclient
+from certagent.testing import tlsclient
 
 LOOPBACK = "127.0.0.1"
 TIMEOUT = 10.0

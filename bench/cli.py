@@ -1,7 +1,7 @@
 """``python -m bench``: run every scenario, print JSON, write JSON + Markdown + PNG.
 
 Progress goes to stderr; stdout carries only the JSON result.  Every process
-is started through :mod:`tests.stack` and stopped by PID at the end, also on
+is started through :mod:`certagent.testing` and stopped by PID at the end, also on
 Ctrl-C or SIGTERM.
 """
 
@@ -24,12 +24,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from agent.scaffold import default_certificate
 from bench import _configs, _native, report, scenarios
 from bench._certs import Leaves, host, write_preload_files
 from bench._load import client_context
-from tests.certs import KeyType
-from tests.stack import PKI, RedisFixture, RedisProcess, StackError, write_key_file
+from certagent.certs.selfsigned import default_certificate
+from certagent.testing import PKI, RedisFixture, RedisProcess, StackError, write_key_file
+from certagent.testing.certs import KeyType
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,6 +65,16 @@ def machine() -> dict[str, Any]:
         "redis": " ".join(first_line(["redis-server", "--version"]).split()[:3]),
         "python": platform.python_version(),
     }
+
+
+def fresh_path(out: Path, stem: str, suffix: str) -> Path:
+    """``out/stem.suffix``, or ``stem-2``, ``-3``... : never an existing file."""
+    n = 1
+    while True:
+        path = out / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+        if not path.exists() and not path.with_suffix(".md").exists():
+            return path
+        n += 1
 
 
 def git_revision() -> str:
@@ -314,7 +324,8 @@ def write(result: dict[str, Any], out: Path) -> list[Path]:
     meta = result["meta"]
     stem = meta["date"] + ("-smoke" if meta["mode"] == "smoke" else "")
     stem += "-rsa" if meta["key_type"].startswith("RSA") else ""
-    json_path, md_path, png_path = (out / f"{stem}.{ext}" for ext in ("json", "md", "png"))
+    json_path = fresh_path(out, stem, ".json")  # a second run that day gets -2: never overwrites
+    md_path, png_path = json_path.with_suffix(".md"), json_path.with_suffix(".png")
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     plotted = report.plot(result, png_path)
     md_path.write_text(report.markdown(result, png_path.name if plotted else None))

@@ -1,7 +1,7 @@
 """The five scenarios of issue 4; each compares HAProxy preloading with certagent, same run.
 
 Every function takes the :class:`Bench` (processes, certificates, sizes) and
-returns a JSON-ready dict.  Processes are started through :mod:`tests.stack`
+returns a JSON-ready dict.  Processes are started through :mod:`certagent.testing`
 and registered with :meth:`Bench.track`, so the caller stops all of them by
 PID whatever happens.
 """
@@ -32,7 +32,8 @@ from bench._load import (
     timed_handshake,
     try_handshake,
 )
-from tests.stack import (
+from bench._proc import schedstat_ns
+from certagent.testing import (
     HAProxyProcess,
     RedisFixture,
     RedisProcess,
@@ -250,19 +251,9 @@ def _first_verified(
     raise StackError(f"no verified handshake for {host} within {timeout:.0f} s")
 
 
-def _schedstat_ns(pid: int) -> int:
-    """On-CPU nanoseconds of all threads of ``pid`` (/proc/<pid>/task/*/schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
 
 def _cpu_sample(pid: int) -> tuple[float, int]:
-    return cpu_seconds(pid), _schedstat_ns(pid)
+    return cpu_seconds(pid), schedstat_ns(pid)
 
 
 # --- 1. startup --------------------------------------------------------------------------
@@ -447,13 +438,13 @@ def _storm_against(
         time.sleep(bench.sizes.idle_probe_seconds)
     before = _counters(stack)
     pids = {"haproxy": haproxy_pid} | ({"agent": stack.agent.pid} if stack and stack.agent else {})
-    cpu_before = {name: _schedstat_ns(pid) for name, pid in pids.items()}
+    cpu_before = {name: schedstat_ns(pid) for name, pid in pids.items()}
     with bench.prober(port, warm_host) as during:
         result = bench.storm(port, hosts)
     # on-CPU time of HAProxy's worker (and the agent) during the storm, per host
     cpu = {
         f"{name}_cpu_ms_per_host": round(
-            (_schedstat_ns(pid) - cpu_before[name]) / 1e6 / len(hosts), 3
+            (schedstat_ns(pid) - cpu_before[name]) / 1e6 / len(hosts), 3
         )
         for name, pid in pids.items()
     }

@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from agent.store.redis import DEFAULT_PREFIX, Keys
-from tests import tlsclient
-from tests.stack import (
+from certagent.store.redis import DEFAULT_PREFIX, Keys
+from certagent.testing import (
     PKI,
     RedisFixture,
     RedisProcess,
     Stack,
     StackError,
     free_port,
+    tlsclient,
     write_key_file,
 )
 

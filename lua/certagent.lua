@@ -3,6 +3,8 @@
 -- Used from the public `mode tcp` frontend, only for hosts not yet in the
 -- loaded map:
 --   tcp-request content lua.certagent_ensure <agent socket> <timeout ms> if ...
+-- Sends "ensure <host> <worker pid>": the pid tells the agent which HAProxy
+-- process asks, so it notices a reload on the first request from the new one.
 -- Sets txn.certagent to the outcome: ok | unknown | busy | invalid | error |
 -- nosni | down | timeout.  Anything but "ok" means the client gets the
 -- configured fallback (default certificate, or reject).  All logic lives in
@@ -16,24 +18,22 @@ local ANSWERS = { ok = true, unknown = true, busy = true, invalid = true, error 
 -- near the live set (measured: ~160 KB) at no measurable cost per call.
 collectgarbage("setpause", 100)
 
--- Every call leaves a few KB of garbage (its core.tcp() socket). With Lua's default
--- pause (200 %) the collector lets the heap of a busy HAProxy double between cycles
--- and its low point creep up; starting a new cycle as soon as one ends keeps it
--- near the live set (measured: ~160 KB) at no measurable cost per call.
-collectgarbage("setpause", 100)
-
--- LDH labels, at least two, 253 characters at most (already lowercased).
+-- LDH labels, at least two, 253 characters at most (already lowercased), the last one
+-- starting with a letter like every top-level domain (127.0.0.1 is an address).
 local function valid_hostname(name)
   if #name == 0 or #name > 253 then return false end
-  local labels = 0
+  local labels, last = 0, ""
   for label in (name .. "."):gmatch("([^.]*)%.") do
     if #label == 0 or #label > 63 then return false end
     if not label:find("^[a-z0-9][a-z0-9-]*$") then return false end
     if label:sub(-1) == "-" then return false end
-    labels = labels + 1
+    labels, last = labels + 1, label
   end
-  return labels >= 2
+  return labels >= 2 and last:find("^%a") ~= nil
 end
+
+-- This worker's pid, read on first use: lua-load runs in the master, before the fork.
+local PID = nil
 
 core.register_action("certagent_ensure", { "tcp-req" }, function(txn, socket_path, timeout_ms)
   local sni = txn.f:req_ssl_sni()
@@ -53,8 +53,11 @@ core.register_action("certagent_ensure", { "tcp-req" }, function(txn, socket_pat
     txn:set_var("txn.certagent", "down")
     return
   end
+  if PID == nil then
+    PID = core.get_info()["Pid"] or "0"
+  end
   local answer = nil
-  if sock:send("ensure " .. sni .. "\n") then
+  if sock:send("ensure " .. sni .. " " .. PID .. "\n") then
     answer = sock:receive("*l")
   end
   sock:close()

@@ -7,13 +7,18 @@
 #     is left alone, and nothing new is started or stopped.
 #   - a virtualenv at .venv in the repository root with certagent installed
 #     editable with its test extras; skipped while pyproject.toml is unchanged.
+#   - .venv/bin/promtool (tests check the agent's metrics with it): only that file,
+#     taken from Debian's prometheus package with `apt-get download` + dpkg-deb,
+#     so no Prometheus service is installed or started; skipped once it is there.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.certagent-installed"
-# gcc, libc6-dev and libssl-dev build the benchmark's C load generator (bench/tlsload.c).
-PACKAGES=(haproxy redis-server openssl gcc libc6-dev libssl-dev)
+# gcc, libc6-dev and libssl-dev build the benchmark's C load generator (bench/tlsload.c);
+# systemd brings systemd-analyze, which checks the unit `certagent init --systemd` writes
+# (tests/integration/test_init.py; a minimal Debian image has no systemd).
+PACKAGES=(haproxy redis-server openssl gcc libc6-dev libssl-dev systemd)
 
 say() { printf 'install: %s\n' "$*"; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
@@ -94,3 +99,37 @@ else
     printf '%s\n' "$want" >"$STAMP"
 fi
 say "ready: $("$VENV/bin/certagent" --version), $("$VENV/bin/python" -V)"
+
+# --- promtool ------------------------------------------------------------------------
+# One static binary out of Debian's prometheus package (19 MB download, 96 MB installed with
+# a web UI and a service we do not want): `apt-get download` fetches the .deb without
+# installing it, and only ./usr/bin/promtool is extracted from it.
+PROMTOOL="$VENV/bin/promtool"
+
+extract_promtool() {  # $1: an empty work directory; errexit is off in here (called with ||)
+    local deb
+    (cd "$1" && apt-get download -q prometheus >/dev/null 2>&1) || {
+        [ "$(id -u)" -eq 0 ] || { say "apt-get download prometheus failed"; return 1; }
+        say "apt-get download prometheus failed; apt-get update first"
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || return 1
+        (cd "$1" && apt-get download -q prometheus >/dev/null) || return 1
+    }
+    deb="$(find "$1" -maxdepth 1 -name 'prometheus_*.deb' -print -quit)"
+    [ -n "$deb" ] || return 1
+    dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$1" ./usr/bin/promtool || return 1
+    "$1/usr/bin/promtool" --version >/dev/null 2>&1 || return 1
+    install -m 755 "$1/usr/bin/promtool" "$PROMTOOL.tmp" && mv "$PROMTOOL.tmp" "$PROMTOOL"
+}
+
+if [ -x "$PROMTOOL" ]; then
+    say "promtool already in .venv/bin"
+else
+    say "promtool: extracting usr/bin/promtool from Debian's prometheus package into .venv/bin"
+    work="$(mktemp -d)"
+    chmod 755 "$work"  # apt-get download runs as _apt and writes here
+    rc=0
+    extract_promtool "$work" || rc=$?
+    rm -rf "$work"
+    [ "$rc" -eq 0 ] || die "could not get promtool from Debian's prometheus package (apt-get download prometheus)"
+fi
+say "$("$PROMTOOL" --version 2>&1 | head -n 1)"

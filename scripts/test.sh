@@ -31,7 +31,7 @@ for path in agent tests bench demo; do
 done
 
 step ruff "$BIN/ruff" check "${lint_paths[@]}"
-step mypy "$BIN/mypy" agent
+step mypy "$BIN/mypy"
 # pytest exits 5 when it collected no tests: that is a failure here too.
 step pytest "$BIN/pytest" "$@"
 

@@ -14,10 +14,22 @@ from typing import Any
 import jsonschema
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 
-from agent.api import LoadedSlot, TokenFile, add_token, make_app, openapi_document
-from agent.store.base import CertRecord, Store
-from agent.validate import UploadPolicy
+from certagent.api import (
+    ApiServer,
+    LoadedSlot,
+    TokenFile,
+    add_token,
+    make_app,
+    openapi_document,
+    start_api,
+)
+from certagent.api.server import ProblemRunner
+from certagent.certs.validate import UploadPolicy
+from certagent.config import Settings
+from certagent.store import open_configured
+from certagent.store.base import CertRecord, Store
 
 Client = TestClient[web.Request, web.Application]
 
@@ -47,6 +59,48 @@ class Api:
             cursor = page.cursor
 
 
+class ProblemTestServer(TestServer):
+    """aiohttp's TestServer, serving the app the way :func:`certagent.api.start_api` does."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return ProblemRunner(self.app, **kwargs)
+
+
+@dataclass
+class Listening:
+    """The agent's own API listener (``start_api``) on loopback, over a Redis store."""
+
+    server: ApiServer
+    token: str
+    settings: Settings
+    store: Store
+
+
+@asynccontextmanager
+async def listening_api(store_url: str, key_file: Path, tmp_path: Path) -> AsyncIterator[Listening]:
+    """``start_api`` on a free loopback port with one token; no HAProxy (nothing loaded)."""
+    tokens = tmp_path / "tokens"
+    token = add_token(tokens, "tests")
+    settings = Settings(
+        store=store_url,
+        key_file=str(key_file),
+        api_bind="127.0.0.1:0",
+        api_tokens_file=str(tokens),
+    )
+    store = open_configured(settings)
+
+    async def nothing_loaded() -> list[LoadedSlot]:
+        return []
+
+    server = await start_api(settings, store, loaded=nothing_loaded, ready=lambda: True)
+    assert server is not None
+    try:
+        yield Listening(server, token, settings, store)
+    finally:
+        await server.close()
+        await store.close()
+
+
 @asynccontextmanager
 async def running_api(
     store: Store,
@@ -70,7 +124,7 @@ async def running_api(
         ready=lambda: holder[0].haproxy_up,
         now=now or (lambda: datetime.now(UTC)),
     )
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with TestClient(ProblemTestServer(app, host="127.0.0.1")) as client:
         api = Api(client, token, store, tokens_file)
         holder.append(api)
         yield api
@@ -119,7 +173,7 @@ def make_store(kind: str, tmp_path: Path) -> Store:
     """A fresh empty store: the in-memory fake, or a real DirectoryStore in ``tmp_path``."""
     import pytest
 
-    from agent.store import DirectoryStore
+    from certagent.store import DirectoryStore
     from tests.memstore import MemoryStore
 
     if kind == "memory":

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~agent.store.base.Store` for tests of code written against the Protocol.
+"""An in-memory :class:`~certagent.store.base.Store` for tests of code written against the Protocol.
 
 Ids are the first 32 hex digits of the leaf's SHA-256 (as in RedisStore); the
 Protocol's semantics are followed: ``add`` refuses a certificate already stored,
@@ -8,13 +8,15 @@ NotFound, ``list`` pages by id with an opaque cursor.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from agent import hostname
-from agent.errors import DuplicateCertificate, NotFound, StoreUnavailable
-from agent.pem import CertBundle
-from agent.store.base import CertRecord, Change, Page, StoredCertificate, candidate_names
+from certagent.certs import hostname
+from certagent.certs.ocsp import OcspFacts, check_for_chain
+from certagent.certs.pem import CertBundle
+from certagent.errors import DuplicateCertificate, NotFound, StoreUnavailable
+from certagent.store.base import CertRecord, Change, Page, StoredCertificate, candidate_names
 
 
 @dataclass
@@ -22,6 +24,7 @@ class MemoryStore:
     records: dict[str, tuple[CertRecord, CertBundle]] = field(default_factory=dict)
     available: bool = True
     writes: int = 0
+    ocsp: dict[str, bytes] = field(default_factory=dict)
 
     def _check(self) -> None:
         if not self.available:
@@ -49,11 +52,16 @@ class MemoryStore:
         found = await self.lookup_all(hostname)
         return found[0] if found else None
 
+    async def names(self) -> AsyncIterator[str]:
+        for record, _ in list(self.records.values()):
+            for name in record.names:
+                yield name
+
     async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
         self._check()
         for name in candidate_names(hostname):
             found = tuple(
-                StoredCertificate(i, b)
+                StoredCertificate(i, b, self.ocsp.get(i))
                 for i, (r, b) in sorted(self.records.items())
                 if name in r.names
             )
@@ -96,6 +104,15 @@ class MemoryStore:
             raise NotFound(f"memory://: no certificate {cert_id!r}")
         self.writes += 1
         return self.records.pop(cert_id)[0]
+
+    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
+        self._check()
+        if cert_id not in self.records:
+            raise NotFound(f"memory://: no certificate {cert_id!r}")
+        facts = check_for_chain(self.records[cert_id][1].pem, der, now)
+        self.ocsp[cert_id] = der
+        self.writes += 1
+        return facts
 
     async def get(self, cert_id: str) -> CertRecord | None:
         self._check()

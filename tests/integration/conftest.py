@@ -1,14 +1,18 @@
 """Fixtures for the integration tests: a real Redis, HAProxy 2.6 and ``certagent run``.
 
-The processes themselves are managed by :mod:`tests.stack` (shared with the
+The processes themselves are managed by :mod:`certagent.testing` (shared with the
 demo and the benchmarks); this file only wraps them in fixtures:
 
 * ``redis_store`` -- a session-wide ``redis-server``, flushed for each test, with
   ``.url``, ``.key_file`` and ``.put(bundles)``.
+* ``sentinel_set``, ``cluster_set`` -- a session-wide Sentinel set (1 master, 1
+  replica, 3 sentinels) and a 3-master Redis Cluster, started only when a test
+  asks for them; ``any_store`` (indirectly parametrized with ``plain``,
+  ``sentinel`` or ``cluster``) is a flushed store of that kind.
 * ``pki`` -- a session-wide test CA (root file for clients) that issues leaves.
 * ``make_stack(store, capacity=..., fallback=..., env=...)`` -- ``certagent init``
   into a fresh directory, then HAProxy and the agent (debug log), as a
-  :class:`~tests.stack.Stack`.  Every stack is stopped by PID after the test;
+  :class:`~certagent.testing.Stack`.  Every stack is stopped by PID after the test;
   a failed test prints the log tails.
 """
 
@@ -21,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import (
+from certagent.testing import (
     PKI,
     REDIS_SERVER,
     SLOT_PREFIX,
@@ -31,9 +35,18 @@ from tests.stack import (
     Stack,
     write_key_file,
 )
+from certagent.testing.redisha import ClusterSet, SentinelSet
 
-# Test modules import these names from here as well as from tests.stack.
-__all__ = ["PKI", "SLOT_PREFIX", "Prober", "RedisFixture", "Stack", "StackFactory"]
+# Test modules import these names from here as well as from certagent.testing.
+__all__ = [
+    "PKI",
+    "SLOT_PREFIX",
+    "STORE_KINDS",
+    "Prober",
+    "RedisFixture",
+    "Stack",
+    "StackFactory",
+]
 
 StackFactory = Callable[..., Stack]
 
@@ -60,6 +73,40 @@ def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def redis_store(redis_server: str, key_file: Path) -> RedisFixture:
     """The session's Redis, emptied for this test."""
     fixture = RedisFixture(redis_server, key_file)
+    fixture.flushall()
+    return fixture
+
+
+@pytest.fixture(scope="session")
+def sentinel_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet]:
+    """1 master, 1 replica and 3 sentinels for the session (a failover test makes its own)."""
+    if not Path(REDIS_SERVER).exists():
+        pytest.skip("redis-server is not installed")
+    with SentinelSet(tmp_path_factory.mktemp("sentinel")) as sentinels:
+        yield sentinels
+
+
+@pytest.fixture(scope="session")
+def cluster_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
+    """A 3-master Redis Cluster for the session."""
+    if not Path(REDIS_SERVER).exists():
+        pytest.skip("redis-server is not installed")
+    with ClusterSet(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+STORE_KINDS = ("plain", "sentinel", "cluster")
+
+
+@pytest.fixture
+def any_store(request: pytest.FixtureRequest, key_file: Path) -> RedisFixture:
+    """A flushed store of the kind in ``request.param``: plain, sentinel or cluster."""
+    kind = request.param
+    if kind == "plain":
+        fixture: RedisFixture = request.getfixturevalue("redis_store")
+        return fixture
+    ha: SentinelSet | ClusterSet = request.getfixturevalue(f"{kind}_set")
+    fixture = RedisFixture(ha.url, key_file, flusher=ha.flushall)
     fixture.flushall()
     return fixture
 

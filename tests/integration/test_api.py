@@ -15,16 +15,12 @@ import aiohttp
 import pytest
 import redis.asyncio
 
-from agent.api import add_token, start_api
-from agent.api.loaded import LoadedSlot
-from agent.certcli import add_cert_commands, run_cert_command
-from agent.config import Settings, to_toml
-from agent.keycrypt import generate_key_line
-from agent.pem import parse_bundle
-from agent.store import open_configured
-from agent.store.base import Store
-from tests.apihelp import check_response
-from tests.certs import (
+from certagent.certs.keycrypt import generate_key_line
+from certagent.certs.pem import parse_bundle
+from certagent.cli.cert import add_cert_commands, run_cert_command
+from certagent.config import Settings, to_toml
+from certagent.store.base import Store
+from certagent.testing.certs import (
     CA,
     any_key_pem,
     cert_pem,
@@ -37,6 +33,7 @@ from tests.certs import (
     make_odd_key,
     shared_key,
 )
+from tests.apihelp import check_response, listening_api
 from tests.integration.conftest import RedisFixture
 
 pytestmark = pytest.mark.integration
@@ -84,29 +81,13 @@ class Running:
 
 @pytest.fixture
 async def running(redis_store: RedisFixture, tmp_path: Path) -> AsyncIterator[Running]:
-    tokens = tmp_path / "tokens"
-    token = add_token(tokens, "integration")
-    settings = Settings(
-        store=redis_store.url,
-        key_file=str(redis_store.key_file),
-        api_bind="127.0.0.1:0",
-        api_tokens_file=str(tokens),
-    )
-    store = open_configured(settings)
-
-    async def loaded() -> list[LoadedSlot]:
-        return []
-
-    server = await start_api(settings, store, loaded=loaded, ready=lambda: True)
-    assert server is not None
-    raw = redis.asyncio.Redis.from_url(redis_store.url)
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield Running(server.url, token, settings, store, session, raw)
-    finally:
-        await server.close()
-        await store.close()
-        await raw.aclose()
+    async with listening_api(redis_store.url, redis_store.key_file, tmp_path) as api:
+        raw = redis.asyncio.Redis.from_url(redis_store.url)
+        try:
+            async with aiohttp.ClientSession() as session:
+                yield Running(api.server.url, api.token, api.settings, api.store, session, raw)
+        finally:
+            await raw.aclose()
 
 
 def _upload(chain: bytes, key: bytes | None) -> dict[str, str]:

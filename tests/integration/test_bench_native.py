@@ -16,7 +16,7 @@ import pytest
 
 from bench import _configs
 from bench._native import NativeProber, storm_native, try_build
-from tests.stack import PKI, HAProxyProcess, free_port
+from certagent.testing import PKI, HAProxyProcess, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

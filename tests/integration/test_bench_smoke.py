@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
+    # an earlier result of the same day: kept as it is, the run goes to "-2"
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    earlier = tmp_path / f"{today}-smoke.json"
+    earlier.write_text("{}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
         cwd=REPO,
@@ -70,7 +75,79 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
         assert v["keepalive_request"]["ops_per_run"] == 5 * 40
 
     stem = result["meta"]["date"] + "-smoke"
+    assert earlier.read_text() == "{}\n"
+    if result["meta"]["date"] == today:  # (the run did not cross midnight)
+        stem += "-2"
     assert json.loads((tmp_path / f"{stem}.json").read_text()) == result
     assert "## 5. Steady-state cost of the hop" in (tmp_path / f"{stem}.md").read_text()
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / f"{stem}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_scale_bench_smoke_runs_every_scenario_and_never_overwrites(tmp_path: Path) -> None:
+    """``python -m bench.scale --smoke``: issue 11's scenarios at tiny sizes, twice."""
+    runs = []
+    for only in ([], ["--only", "hit_ratio"]):  # the second run only has to write again
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.scale", "--smoke", "--out", str(tmp_path), *only],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout))
+    result = runs[0]
+    assert {"capacity", "new_host", "storm", "reload", "idle", "idle_ha", "hit_ratio"} <= set(
+        result
+    )
+    for kind in ("sentinel", "cluster"):
+        ha = result["idle_ha"][kind]
+        assert len(ha["agent_plus_haproxy_ms_per_s"]["runs"]) == 2
+        assert ha["store_ms_per_s"]["median"] > 0
+    assert {"recycle_agent", "recycle_haproxy", "cold_latency", "new_host", "storm", "reload",
+            "idle", "idle_ha"} <= set(result["targets"])  # fmt: skip
+    for row in result["capacity"]["rows"]:
+        assert row["handshakes"]["ok"] == result["meta"]["sizes"]["recycles"] * 2
+        assert set(row["memory_mb"]) == {"haproxy", "agent", "redis"}
+        assert len(row["agent_ms_per_recycle"]["runs"]) == 2  # every repeat, not the best
+    assert result["storm"]["default_cert"] == 0 and result["reload"]["failed"] == 0
+    assert result["hit_ratio"]["zipf"]["exact_lru"] > 0
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert len([n for n in written if n.endswith(".json")]) == 2  # the second did not overwrite
+    assert len([n for n in written if n.endswith(".md")]) == 2
+
+
+def test_agent_profile_quick_measures_every_process_and_sorts_samples_into_phases(
+    tmp_path: Path,
+) -> None:
+    from bench.profile_agent import LOOP, WAITING, phases
+
+    raw = "\n".join(
+        [
+            "main (certagent);Loader._write (runtime/loader.py:1);write (libc.so.6) 5",
+            "main (certagent);Ensurer._load (service/ensure.py:3);"
+            "RedisStore.lookup_all (store/redis.py:2);parse_bundle (certs/pem.py:9) 3",
+            "main (certagent);run (uvloop/__init__.py:92);epoll_pwait (libc.so.6) 7",
+            "main (certagent);run (uvloop/__init__.py:92);accept4 (libc.so.6) 2",
+        ]
+    )
+    assert phases(raw) == {
+        WAITING: 7,
+        "load plan and pool bookkeeping": 5,
+        "record parsing and key check (PEM, x509, key match)": 3,
+        LOOP: 2,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.profile_agent", "--quick", "--repeats", "2",
+         "--py-spy", "", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)["result"]
+    assert result["failed_handshakes"] == 0 and result["recycles"] >= 200
+    for name in ("agent", "haproxy", "redis"):
+        assert len(result["ms_per_recycle"][name]["runs"]) == 2
+    assert result["ms_per_recycle"]["agent"]["median"] > 0
+    assert list(tmp_path.iterdir()) == []  # --quick writes no result file

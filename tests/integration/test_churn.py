@@ -1,9 +1,9 @@
 """More hosts than slots: HAProxy stays bounded, its memory flat, and busy hosts stay loaded.
 
-The agent picks the slot to recycle from HAProxy's SNI stick-table (a snapshot
-re-read at most every ``usage_refresh`` seconds) and re-reads the candidate's
-own entries just before taking it, so a host used every 100 ms keeps its slot
-even when K slots cycle faster than the snapshot ages.
+The agent picks the slot to recycle from a random sample of slots whose hosts'
+entries in HAProxy's SNI stick-table it reads just before choosing: a host in
+steady use (connections since its load) keeps its slot, even when K slots cycle
+every 100 ms.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from certagent.testing import PKI, SLOT_PREFIX, Prober, RedisFixture, Stack
 from tests.integration.conftest import StackFactory
-from tests.stack import PKI, SLOT_PREFIX, Prober, RedisFixture, Stack
 
 pytestmark = pytest.mark.integration
 
@@ -60,13 +60,16 @@ def hot_host_checks(stack: Stack, prober: Prober, seconds: float) -> None:
     assert prober.ok >= seconds / prober.interval / 2, (prober.ok, seconds)
     assert stack.serving_count(HOT) == 1
     # The agent may look at the hot host's usage (show table ... key HOT) before
-    # recycling its slot, and then keeps it: the only write naming it is its map entry.
+    # recycling a slot, and then keeps it: the only write naming it is its mark.
+    table = stack.settings.usage_table
     writes = [
         c
         for c in stack.runtime_commands()
-        if HOT in c.split() and not c.startswith(f"show table {stack.settings.usage_table} key ")
+        if HOT in c.split() and not c.startswith(f"show table {table} key ")
     ]
-    assert writes == [f"add map {stack.settings.map_file} {HOT} {stack.map_entries()[HOT]}"]
+    slot = stack.marked_hosts()[HOT]
+    number = int(slot.removeprefix(stack.settings.slot_prefix).removesuffix(".pem"))
+    assert writes == [f"set table {table} key {HOT} data.gpt0 {number}"]
 
 
 @pytest.mark.timeout(240)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from certagent.testing import PKI, RedisFixture
 from tests.integration.conftest import StackFactory
-from tests.stack import PKI, RedisFixture
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +33,8 @@ HOSTILE: list[tuple[str, bytes | None, str]] = [
     ("trailing dot", b"evil.example.test.", DEFAULT),
     ("single label", b"evil", DEFAULT),
     ("leading hyphen", b"-evil.example.test", DEFAULT),
+    ("IPv4 literal", b"127.0.0.1", DEFAULT),
+    ("numeric top label", b"evil.10.0.0.1", DEFAULT),
 ]
 
 
@@ -69,7 +71,7 @@ def test_hostile_sni_gets_default_certificate_and_no_command(
     assert after["ensure"]["loaded"] == before["ensure"]["loaded"]
     assert after["ensure"]["store_lookups"] == before["ensure"]["store_lookups"]
     assert after["ensure"]["invalid"] > before["ensure"]["invalid"]
-    assert not [name for name in stack.map_entries() if "evil" in name]
+    assert not [name for name in stack.marked_hosts() if "evil" in name]
     assert not [name for name in stack.ssl_certs() if "evil" in name]
 
     # A normal host still works afterwards, warm and cold.

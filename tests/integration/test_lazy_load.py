@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import tlsclient
+from certagent.testing import PKI, RedisFixture, tlsclient
 from tests.integration.conftest import StackFactory
-from tests.stack import PKI, RedisFixture
 
 pytestmark = pytest.mark.integration
 
@@ -65,8 +64,9 @@ def test_100_concurrent_first_connections_over_20_hosts_load_each_once(
     ]
     assert failures == []
     assert {h: stack.serving_count(h) for h in hosts} == dict.fromkeys(hosts, 1)
-    map_adds = [c for c in stack.runtime_commands() if c.startswith("add map ")]
-    assert sorted(c.split()[3] for c in map_adds) == sorted(hosts)
+    table = stack.settings.usage_table
+    marks = [c for c in stack.runtime_commands() if c.startswith(f"set table {table} key ")]
+    assert sorted(c.split()[4] for c in marks) == sorted(hosts)
     status = stack.status()
     assert status["ensure"]["loaded"] == 20
     assert status["ensure"]["store_lookups"] == 20
@@ -87,12 +87,12 @@ def test_wildcard_covers_one_label_only(make_stack: StackFactory, pki: PKI, tmp_
         with pytest.raises(ssl.SSLCertVerificationError):
             stack.handshake(host)
 
-    status = stack.status()
+    status = stack.status(slots=True)
     assert status["slots_used"] == 1  # b.example.test reused a.example.test's slot
     assert status["loader"]["loads"] == 1
     assert status["loader"]["map_only"] == 1
     assert status["ensure"]["unknown"] == 2
-    assert stack.map_entries() == {
+    assert stack.marked_hosts() == {
         "a.example.test": status["slots"][0]["slot"],
         "b.example.test": status["slots"][0]["slot"],
     }

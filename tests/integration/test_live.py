@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from agent.api import add_token
-from agent.pem import split_blocks
-from tests.certs import combined, issue
+from certagent.api import add_token
+from certagent.certs.pem import split_blocks
+from certagent.testing import certagent_argv, free_port
+from certagent.testing.certs import combined, issue
+from certagent.testing.tlsclient import CertInfo, client_context, handshake
 from tests.integration.conftest import PKI, RedisFixture, Stack, StackFactory
-from tests.stack import certagent_argv, free_port
-from tests.tlsclient import CertInfo, client_context, handshake
 
 pytestmark = pytest.mark.integration
 
@@ -298,7 +298,7 @@ def test_ecdsa_and_rsa_for_one_name(
     host = "dual.example.test"
     ec_chain, ec_key = issue(pki.ca, host, key_type="ec")
     rsa_chain, rsa_key = issue(pki.ca, host, key_type="rsa")
-    from agent.pem import parse_bundle
+    from certagent.certs.pem import parse_bundle
 
     redis_store.put([parse_bundle(ec_chain, ec_key), parse_bundle(rsa_chain, rsa_key)])
     stack = make_stack(redis_store.url, capacity=10)
@@ -317,7 +317,7 @@ def test_ecdsa_and_rsa_for_one_name(
 def test_bulk_import_of_10000_with_a_corrupt_file(
     make_stack: StackFactory, redis_store: RedisFixture, pki: PKI, tmp_path: Path
 ) -> None:
-    from tests.certs import shared_key
+    from certagent.testing.certs import shared_key
 
     stack = make_stack(redis_store.url, capacity=10, start=False)
     certs = tmp_path / "import"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import logging
 import shutil
 import socket
@@ -19,8 +20,10 @@ import redis.asyncio
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
 
-from agent import keycrypt
-from agent.errors import (
+from certagent.certs import keycrypt
+from certagent.certs.keycrypt import KeyRing
+from certagent.certs.pem import CertBundle, parse_bundle
+from certagent.errors import (
     ChangesLost,
     ConfigError,
     DuplicateCertificate,
@@ -29,12 +32,11 @@ from agent.errors import (
     NotFound,
     StoreUnavailable,
 )
-from agent.keycrypt import KeyRing
-from agent.pem import CertBundle, parse_bundle
-from agent.store import RedisStore, open_store
-from agent.store.base import CertRecord, Change, Store
-from agent.store.redis import Keys
-from tests.certs import CA, KeyType, issue, make_ca, shared_key
+from certagent.store import RedisStore, open_store
+from certagent.store.base import CertRecord, Change, Store
+from certagent.store.redis import Keys
+from certagent.testing.certs import CA, KeyType, issue, make_ca, shared_key
+from certagent.testing.redisha import ClusterSet
 
 pytestmark = pytest.mark.integration
 
@@ -130,11 +132,32 @@ def ring(k1_line: str) -> KeyRing:
     return KeyRing.from_text(k1_line)
 
 
+#: Tests that look at the plain layout or its transactions: not run on a cluster.
+_PLAIN_ONLY = {"test_each_write_is_one_transaction_with_its_event"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests that use only ``store`` (no raw client, no server of their own) run on a
+    3-master Redis Cluster too: the store's contract does not depend on the layout."""
+    asks = set(inspect.signature(metafunc.function).parameters)
+    generic = "store" in asks and not asks & {"raw", "redis_instance"}
+    if generic and metafunc.function.__name__ not in _PLAIN_ONLY:
+        metafunc.parametrize("store", ["plain", "cluster"], indirect=True)
+
+
 @pytest.fixture
 async def store(
-    redis_instance: RedisServer, raw: redis.asyncio.Redis, ring: KeyRing
+    request: pytest.FixtureRequest,
+    redis_instance: RedisServer,
+    raw: redis.asyncio.Redis,
+    ring: KeyRing,
 ) -> AsyncIterator[RedisStore]:
-    s = RedisStore(redis_instance.url, keyring=ring)
+    url = redis_instance.url
+    if getattr(request, "param", "plain") == "cluster":
+        cluster: ClusterSet = request.getfixturevalue("cluster_set")
+        cluster.flushall()
+        url = cluster.url
+    s = RedisStore(url, keyring=ring)
     yield s
     await s.close()
 

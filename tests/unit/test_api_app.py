@@ -10,13 +10,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.api import LoadedSlot, loaded_slots
-from agent.pem import parse_bundle
-from agent.pool import Slot
-from agent.store import DirectoryStore
-from agent.store.base import Store
+from certagent.api import LoadedSlot, loaded_slots
+from certagent.certs.pem import parse_bundle
+from certagent.runtime.pool import Slot
+from certagent.store import DirectoryStore
+from certagent.store.base import Store
+from certagent.testing.certs import CA, combined, issue, make_ca, shared_key
 from tests.apihelp import STORE_KINDS, Api, check_response, make_store, running_api
-from tests.certs import CA, combined, issue, make_ca, shared_key
 from tests.memstore import MemoryStore
 
 CERTS = "/v1/certificates"
@@ -272,7 +272,7 @@ async def test_public_routes_need_no_token(api: Api) -> None:
 
 async def test_revoked_token_is_refused_without_restart(api: Api, ca: CA) -> None:
     assert (await api.client.get(CERTS, headers=api.auth)).status == 200
-    from agent.api import add_token
+    from certagent.api import add_token
 
     other = add_token(api.tokens_file, "other")
     assert (await api.client.get(CERTS, headers={"Authorization": f"Bearer {other}"})).status == 200
@@ -389,17 +389,17 @@ async def _no_slots() -> list[LoadedSlot]:
 
 
 async def test_start_api_off_without_tokens_file(tmp_path: Path) -> None:
-    from agent.api import start_api
-    from agent.config import Settings
+    from certagent.api import start_api
+    from certagent.config import Settings
 
     settings = Settings(api_bind="127.0.0.1:0")
     assert await start_api(settings, MemoryStore(), loaded=_no_slots, ready=lambda: True) is None
 
 
 async def test_start_api_serves_and_closes(tmp_path: Path) -> None:
-    from agent.api import add_token, start_api
-    from agent.config import Settings
-    from agent.errors import ConfigError
+    from certagent.api import add_token, start_api
+    from certagent.config import Settings
+    from certagent.errors import ConfigError
 
     tokens = tmp_path / "tokens"
     settings = Settings(api_bind="127.0.0.1:0", api_tokens_file=str(tokens))

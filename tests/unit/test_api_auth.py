@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import config, errors
-from agent.api.auth import (
+from certagent import config, errors
+from certagent.api.auth import (
     TOKEN_PREFIX,
     TokenFile,
     add_token,
@@ -17,7 +17,7 @@ from agent.api.auth import (
     hash_token,
     parse_tokens,
 )
-from agent.api.problems import (
+from certagent.api.problems import (
     TITLES,
     AlreadyStored,
     BadRequest,
@@ -25,7 +25,7 @@ from agent.api.problems import (
     MissingToken,
     problem_for,
 )
-from agent.validate import UPLOAD_ERRORS
+from certagent.certs.validate import UPLOAD_ERRORS
 
 
 def test_add_token_prints_once_and_stores_only_the_hash(tmp_path: Path) -> None:

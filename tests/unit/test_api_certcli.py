@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.api import add_token, start_api
-from agent.certcli import CERT_COMMANDS, add_cert_commands, run_cert_command
-from agent.config import Settings, to_toml
-from agent.keycrypt import KeyRing
-from agent.store import DirectoryStore
-from tests.certs import CA, combined, issue, make_ca, shared_key
+from certagent.api import add_token, start_api
+from certagent.certs.keycrypt import KeyRing, key_fingerprint
+from certagent.cli import main
+from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
+from certagent.config import Settings, to_toml
+from certagent.store import DirectoryStore
+from certagent.testing.certs import CA, combined, issue, make_ca, shared_key
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -137,6 +138,12 @@ def test_add_ls_show_rotate_rm(
     assert len(json.loads(capsys.readouterr().out)) == 1
     assert run(["cert", "ls", *opts, "--expiring-before", "2000-01-01", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+    assert run(["cert", "ls", *opts, "--expiring", "520w", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 1
+    assert run(["cert", "ls", *opts, "--expiring", "1h", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert run(["cert", "ls", *opts, "--expiring", "30 days"]) == 1
+    assert "30d (days), 12h (hours), 2w (weeks)" in capsys.readouterr().err
 
     assert run(["cert", "show", *opts, added["id"]]) == 0
     shown = capsys.readouterr().out
@@ -179,19 +186,20 @@ def test_cert_needs_exactly_one_target(setup: Setup, capsys: pytest.CaptureFixtu
 
 def test_token_add_and_keys_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tokens = tmp_path / "tokens"
-    assert run(["token", "add", "deploy", "--file", str(tokens)]) == 0
+    assert main(["token", "add", "deploy", "--file", str(tokens)]) == 0
     out = capsys.readouterr()
     token = out.out.strip()
     assert token.startswith("cat_")
     assert "shown only once" in out.err
     assert token not in tokens.read_text()
-    assert run(["token", "add", "deploy", "--file", str(tokens)]) == 1
+    assert main(["token", "add", "deploy", "--file", str(tokens)]) == 1
 
     assert run(["keys", "generate", "k2"]) == 0
     line = capsys.readouterr().out.strip()
     assert KeyRing.from_text(line).current == "k2"
     assert run(["keys", "generate"]) == 0
-    assert KeyRing.from_text(capsys.readouterr().out).current.startswith("k20")
+    ring = KeyRing.from_text(capsys.readouterr().out)
+    assert ring.current == key_fingerprint(ring.keys[0][1])  # the key names itself
 
 
 def test_keys_rotate_needs_a_key_file(setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,11 +13,10 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from agent.pem import parse_bundle
-from agent.store.base import Store
-from agent.validate import UploadPolicy
-from tests.apihelp import STORE_KINDS, Api, check_response, make_store, running_api
-from tests.certs import (
+from certagent.certs.pem import parse_bundle
+from certagent.certs.validate import UploadPolicy
+from certagent.store.base import Store
+from certagent.testing.certs import (
     CA,
     any_key_pem,
     cert_pem,
@@ -30,6 +29,7 @@ from tests.certs import (
     make_odd_key,
     shared_key,
 )
+from tests.apihelp import STORE_KINDS, Api, check_response, make_store, running_api
 
 CERTS = "/v1/certificates"
 MAX_BYTES = 16 * 1024  # small, so size tests stay small

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from agent import hostname
-from agent.errors import InvalidHostname
+from certagent.certs import hostname
+from certagent.errors import InvalidHostname
 
 
 @pytest.mark.parametrize(
@@ -14,7 +16,7 @@ from agent.errors import InvalidHostname
         (b"a.example.test", "a.example.test"),
         ("xn--bcher-kva.example", "xn--bcher-kva.example"),
         ("a-b.c-d.test", "a-b.c-d.test"),
-        ("1.2.3.4", "1.2.3.4"),
+        ("1.2.3.example", "1.2.3.example"),  # numeric labels, not an IP (1.2.3.4 is refused)
         ("a" * 63 + ".test", "a" * 63 + ".test"),
     ],
 )
@@ -110,3 +112,36 @@ def test_wildcard_for(name: str, expected: str | None) -> None:
 )
 def test_covers(pattern: str, name: str, expected: bool) -> None:
     assert hostname.covers(pattern, name) is expected
+
+
+@pytest.mark.parametrize("ip", ["127.0.0.1", "192.0.2.1", "10.0.0.255", "1.2.3.4", "host.123"])
+def test_ip_literals_and_numeric_tlds_are_not_hostnames(ip: str) -> None:
+    with pytest.raises(InvalidHostname):
+        hostname.normalise(ip)
+    with pytest.raises(InvalidHostname):
+        hostname.normalise_pattern(ip)
+    assert hostname.normalise("123.example.com") == "123.example.com"  # numeric labels elsewhere
+
+
+@pytest.mark.parametrize("name", ["host.1a", "a.b.0x", "x.9-z"])
+def test_the_top_level_label_starts_with_a_letter(name: str) -> None:
+    with pytest.raises(InvalidHostname, match="must start with a letter"):
+        hostname.normalise(name)
+    assert hostname.normalise("x.a1") == "x.a1"
+    assert hostname.normalise("x.xn--p1ai") == "x.xn--p1ai"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a.b", "*.a.b", "1.2.3.example", "x.a1", "Host.Example.COM", "00.0", "host.1a", "a.123",
+     "a-.b", "*.b", "a..b", "a.b-", "*.*.a.b", "a" * 64 + ".b"],
+)  # fmt: skip
+def test_the_openapi_pattern_says_what_normalise_pattern_accepts(name: str) -> None:
+    from certagent.api.query import NAME_PATTERN
+
+    try:
+        hostname.normalise_pattern(name)
+        accepted = True
+    except InvalidHostname:
+        accepted = False
+    assert (re.fullmatch(NAME_PATTERN, name) is not None) is accepted, name

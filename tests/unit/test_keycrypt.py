@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import ConfigError, KeyDecryptError, StoreError
-from agent.keycrypt import (
+from certagent.certs.keycrypt import (
     KEY_BYTES,
     NONCE_BYTES,
     TOKEN_PREFIX,
@@ -19,7 +18,8 @@ from agent.keycrypt import (
     reencrypt,
     token_kid,
 )
-from tests.certs import key_pem, make_key
+from certagent.errors import ConfigError, KeyDecryptError, StoreError
+from certagent.testing.certs import key_pem, make_key
 
 K1 = bytes(range(32))
 K2 = bytes(range(100, 132))

@@ -7,11 +7,19 @@ import ipaddress
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from agent.errors import CertificateError, KeyMismatch, MissingKey, NoNames, PemError
-from agent.pem import CertBundle, normalise_pem, parse_bundle, split_blocks
-from tests.certs import (
+from certagent.certs.pem import CertBundle, normalise_pem, parse_bundle, split_blocks
+from certagent.errors import (
+    CaLeaf,
+    CertificateError,
+    KeyMismatch,
+    MissingKey,
+    NoNames,
+    PemError,
+)
+from certagent.testing.certs import (
     CA,
     KeyFormat,
     KeyType,
@@ -189,6 +197,29 @@ def test_rsa_traditional_key(ca: CA) -> None:
     assert bundle.key_type == "RSA-2048"
 
 
+def test_the_rsa_prime_check_is_skipped_only_when_asked(ca: CA) -> None:
+    """A store record skips OpenSSL's slow RSA check (done on upload); the key must still
+    match the leaf."""
+    good = shared_key("rsa")
+    assert isinstance(good, rsa.RSAPrivateKey)
+    n = good.private_numbers()
+    broken = rsa.RSAPrivateNumbers(
+        n.p, n.q, n.d + 2, n.dmp1, n.dmq1, n.iqmp, n.public_numbers
+    ).private_key(unsafe_skip_rsa_key_validation=True)
+    broken_pem = broken.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    chain, _ = issue(ca, "a.example.test", key=good)
+    with pytest.raises(PemError, match="cannot be parsed"):
+        parse_bundle(chain, broken_pem)
+    assert parse_bundle(chain, broken_pem, rsa_key_check="match").key_type == "RSA-2048"
+    other_chain, _ = issue(ca, "b.example.test", key=shared_key("ec"))
+    with pytest.raises(KeyMismatch):
+        parse_bundle(other_chain, broken_pem, rsa_key_check="match")
+
+
 def test_one_key_many_leaves_distinct_fingerprints(ca: CA) -> None:
     key = shared_key()
     a = parse_bundle(*issue(ca, "a.example.test", key=key))
@@ -283,9 +314,31 @@ def test_key_mismatch(ca: CA) -> None:
 def test_key_of_the_intermediate_does_not_make_it_a_leaf() -> None:
     ca = make_ca()
     chain, _ = issue(ca, "a.example.test")
-    # The intermediate's key matches the intermediate, which has no DNS names.
-    with pytest.raises(NoNames):
+    # The intermediate's key matches the intermediate: a CA, refused as a leaf.
+    with pytest.raises(CaLeaf, match="CA:TRUE"):
         parse_bundle(chain, key_pem(ca.key))
+
+
+def test_a_ca_certificate_with_a_dns_name_is_no_leaf() -> None:
+    key = shared_key("ec")
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca.example.test")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(7)
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("ca.example.test")]), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    with pytest.raises(CaLeaf):
+        parse_bundle(cert.public_bytes(serialization.Encoding.PEM), key_pem(key))
 
 
 def test_no_certificate(ca: CA) -> None:

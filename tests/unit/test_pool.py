@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from agent.pool import Slot, SlotPool, SlotState, last_seen_from_table, recency
+from certagent.runtime.pool import Slot, SlotPool, SlotState, last_seen_from_table, recency
 
 PREFIX = "/certagent/slot-"
 
@@ -228,3 +230,61 @@ def test_growth_takes_the_lowest_free_numbers_and_stays_cheap_in_a_large_pool() 
     pool.slot_name = real  # type: ignore[method-assign]
     pool.clear()
     assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.NEW)]
+
+
+def test_sample_draws_distinct_slots_outside_exclude_in_constant_time() -> None:
+    pool = SlotPool(10_000, PREFIX)
+    for n in range(1, 10_001):
+        slot(pool, n, f"F{n}", f"h{n}.test")
+    rng = random.Random(7)
+    drawn = pool.sample(16, rng, exclude=[pool.slot_name(1)])
+    assert len(drawn) == 16 == len({s.name for s in drawn})
+    assert pool.slot_name(1) not in {s.name for s in drawn}
+    # a small pool is returned whole
+    small = SlotPool(3, PREFIX)
+    for n in (1, 2, 3):
+        slot(small, n, f"S{n}")
+    assert {s.name for s in small.sample(16, rng)} == {small.slot_name(n) for n in (1, 2, 3)}
+    assert small.sample(16, rng, exclude=[small.slot_name(2)]) == [
+        small.get(small.slot_name(1)),
+        small.get(small.slot_name(3)),
+    ]
+
+
+def test_sample_follows_free_and_recycled_slots() -> None:
+    pool = SlotPool(4, PREFIX)
+    for n in (1, 2, 3):
+        slot(pool, n, f"F{n}", f"h{n}.test")
+    pool.add_free(pool.slot_name(2))
+    rng = random.Random(1)
+    names = {s.name for _ in range(50) for s in pool.sample(1, rng)}
+    assert names == {pool.slot_name(1), pool.slot_name(3)}
+    slot(pool, 2, "G2", "g2.test")  # recycled back into use
+    assert len(pool.sample(10, rng)) == 3
+
+
+def test_indexes_by_certificate_and_wildcard_parent() -> None:
+    pool = SlotPool(5, PREFIX)
+    w = slot(pool, 1, "W", "a.w.test")
+    pool.map_host("b.w.test", [w])
+    x = slot(pool, 2, "X", "x.test")
+    assert pool.hosts_covered_by("*.w.test") == ["a.w.test", "b.w.test"]
+    assert pool.hosts_covered_by("x.test") == ["x.test"]
+    assert pool.hosts_covered_by("y.test") == []
+    assert pool.for_certificate("id-W") == [w]
+    pool.recertify(w, "W2", "id-W2")
+    assert pool.for_certificate("id-W") == []
+    assert pool.for_certificate("id-W2") == [w]
+    pool.unmap_host("a.w.test")
+    assert pool.hosts_covered_by("*.w.test") == ["b.w.test"]
+    pool.add_free(x.name)
+    assert pool.for_certificate("id-X") == []
+    assert pool.hosts_covered_by("x.test") == []
+
+
+def test_slot_numbers_round_trip() -> None:
+    pool = SlotPool(5, PREFIX)
+    assert pool.slot_number(pool.slot_name(42)) == 42
+    assert pool.slot_number("/other/slot-00001.pem") is None
+    assert pool.slot_number(PREFIX + "x.pem") is None
+    assert pool.slot_number(PREFIX + "00000.pem") is None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.errors import CommandFailed, HAProxyError, Locked, PayloadTooLarge, WrongTransaction
-from agent.runtime import protocol
+from certagent.errors import CommandFailed, HAProxyError, Locked, PayloadTooLarge, WrongTransaction
+from certagent.runtime import protocol
 
 SLOT = "/certagent/slot-00001.pem"
 LIST = "/etc/certagent/certagent.crtlist"

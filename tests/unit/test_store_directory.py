@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
+import shutil
+import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -12,7 +16,9 @@ from unittest.mock import ANY
 
 import pytest
 
-from agent.errors import (
+from certagent.certs.pem import CertBundle, parse_bundle
+from certagent.config import Settings
+from certagent.errors import (
     CertificateError,
     ChangesLost,
     ConfigError,
@@ -23,11 +29,23 @@ from agent.errors import (
     ReadOnlyRecord,
     StoreUnavailable,
 )
-from agent.pem import CertBundle, parse_bundle
-from agent.store import DirectoryStore, RedisStore, open_store
-from agent.store.base import Change, Store, redact_url
-from agent.store.directory import MAX_FILE_SIZE, name_of_stem
-from tests.certs import CA, issue, make_ca, shared_key
+from certagent.service import daemon
+from certagent.store import (
+    DirectoryStore,
+    RedisStore,
+    _dirscan,
+    _dirwatch,
+    _files,
+    _inotify,
+    open_store,
+)
+from certagent.store._dirindex import ChangeLog
+from certagent.store._dirscan import remote_filesystem
+from certagent.store._threads import DaemonExecutor
+from certagent.store.base import Change, Store, redact_url
+from certagent.store.directory import MAX_FILE_SIZE, name_of_stem
+from certagent.testing import certbot
+from certagent.testing.certs import CA, KeyType, issue, issue_cert, make_ca, shared_key
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +276,19 @@ async def test_oversized_file_is_ignored(
 # --- hostile names ---------------------------------------------------------------------------
 
 
+def spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every path the store reads from now on (all reads go through ``read_regular``)."""
+    opened: list[Path] = []
+    original = _files.read_regular
+
+    def spy(path: Path, label: str, limit: int = MAX_FILE_SIZE) -> tuple[bytes, float]:
+        opened.append(path)
+        return original(path, label, limit)
+
+    monkeypatch.setattr(_files, "read_regular", spy)
+    return opened
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -279,14 +310,7 @@ async def test_hostile_names_never_reach_the_filesystem(
     # Something worth stealing just outside the root, and a wildcard inside it.
     write_combined(tmp_path, "secret.example.test.pem", ca, "secret.example.test")
     write_combined(root, "_wildcard.example.test.pem", ca, "*.example.test")
-    opened: list[Path] = []
-    original_open = Path.open
-
-    def spy_open(self: Path, *args: object, **kwargs: object) -> object:
-        opened.append(self)
-        return original_open(self, *args, **kwargs)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(Path, "open", spy_open)
+    opened = spy_reads(monkeypatch)
     store = DirectoryStore(root)
     with pytest.raises(InvalidHostname):
         await store.lookup(name)
@@ -296,14 +320,7 @@ async def test_hostile_names_never_reach_the_filesystem(
 async def test_paths_stay_under_root(
     root: Path, ca: CA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    opened: list[Path] = []
-    original_open = Path.open
-
-    def spy_open(self: Path, *args: object, **kwargs: object) -> object:
-        opened.append(self)
-        return original_open(self, *args, **kwargs)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(Path, "open", spy_open)
+    opened = spy_reads(monkeypatch)
     assert await DirectoryStore(root).lookup("x.a.example.test") is None
     assert [path.relative_to(root).as_posix() for path in opened] == [
         "x.a.example.test.pem",
@@ -343,10 +360,55 @@ async def test_root_is_a_file(tmp_path: Path) -> None:
         await store.lookup("a.example.test")
 
 
-async def test_unreadable_candidate_is_unavailable(store: DirectoryStore, root: Path) -> None:
-    (root / "a.example.test.pem").mkdir()  # reading a directory fails with an OSError
-    with pytest.raises(StoreUnavailable, match=r"a\.example\.test\.pem"):
+async def test_unreadable_candidate_is_unavailable(
+    store: DirectoryStore, root: Path, ca: CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_combined(root, "a.example.test.pem", ca, "a.example.test")
+
+    def denied(path: Path, label: str, limit: int = MAX_FILE_SIZE) -> tuple[bytes, float]:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(_files, "read_regular", denied)
+    with pytest.raises(StoreUnavailable, match=r"cannot read a\.example\.test\.pem.*denied"):
         await store.lookup("a.example.test")
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "socket"])
+async def test_only_regular_files_are_read(
+    store: DirectoryStore,
+    root: Path,
+    ca: CA,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    path = root / "a.example.test.pem"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    write_combined(root, "b.example.test.pem", ca, "b.example.test")
+    opened: list[str] = []
+    original = os.open
+
+    def spy_open(name: str, *args: int, **kwargs: int) -> int:
+        opened.append(os.fspath(name))
+        return original(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        assert await store.lookup("a.example.test") is None  # the file decides: no wildcard
+    assert time.monotonic() - started < 1
+    assert f"a.example.test.pem is a {'FIFO' if kind == 'fifo' else kind}" in caplog.text
+    assert "only regular files are read" in caplog.text
+    assert str(path) not in opened  # refused after stat, never opened
+    found = await store.lookup("b.example.test")
+    assert found is not None  # the store still answers other names
 
 
 # --- put ---------------------------------------------------------------------------------------
@@ -740,3 +802,404 @@ async def test_changes_refuses_foreign_positions(root: Path) -> None:
 async def test_changes_on_a_missing_root(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailable):
         await DirectoryStore(tmp_path / "nope").changes(None, 0)
+
+
+# --- certbot lineages serve every name of their certificate (the SAN index) ------------------
+
+
+def lineage(
+    root: Path, ca: CA, dirname: str, *names: str, key_type: KeyType = "ec", days: int = 90
+) -> CertBundle:
+    """A certbot lineage as certbot writes it: archive files, ``live/`` symlinks."""
+    not_after = datetime.now(UTC) + timedelta(days=days)
+    chain, key = issue(ca, *names, key=shared_key(key_type), not_after=not_after)
+    certbot.write_lineage(root, dirname, chain, key)
+    return parse_bundle(chain, key)
+
+
+async def collect(
+    store: DirectoryStore, position: str, first: float = 3.0
+) -> tuple[list[Change], str]:
+    """The changes after ``position``: the first batch within ``first`` s, then until quiet."""
+    found, position = await store.changes(position, first)
+    changes = list(found)
+    while found:
+        found, position = await store.changes(position, 0.3)
+        changes += found
+    return changes, position
+
+
+async def test_a_lineage_serves_every_name_of_its_certificate(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    bundle = lineage(
+        root, ca, "site.example.test", "site.example.test", "www.site.example.test",
+        "*.site.example.test",
+    )  # fmt: skip
+    # www. first: nothing named after it, and the apex was never looked up
+    for host in ("www.site.example.test", "a.site.example.test", "site.example.test"):
+        found = await store.lookup(host)
+        assert found is not None, host
+        assert found.id == "live/site.example.test/fullchain.pem"
+        assert found.bundle == bundle
+    assert await store.lookup("x.a.site.example.test") is None
+    assert await store.lookup("www.other.example.test") is None
+    assert store.change_detection.startswith("inotify")
+
+
+async def test_files_named_after_the_host_come_before_the_san_index(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    lineage(root, ca, "site.example.test", "site.example.test", "www.site.example.test")
+    write_combined(root, "_wildcard.site.example.test.pem", ca, "*.site.example.test")
+    found = await store.lookup("www.site.example.test")
+    assert found is not None
+    assert found.id == "live/site.example.test/fullchain.pem"  # a name beats a wildcard file
+    write_combined(root, "www.site.example.test.pem", ca, "www.site.example.test")
+    found = await store.lookup("www.site.example.test")
+    assert found is not None
+    assert found.id == "www.site.example.test.pem"  # a file named after the host decides
+    found = await store.lookup("api.site.example.test")
+    assert found is not None
+    assert found.id == "_wildcard.site.example.test.pem"
+
+
+async def test_lineages_sharing_a_name_ecdsa_and_rsa(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    names = ("site.example.test", "www.site.example.test")
+    newer = lineage(root, ca, "site.example.test", *names)
+    lineage(root, ca, "site.example.test-0001", *names, days=10)  # an older lineage
+    rsa = lineage(root, ca, "site.example.test-rsa", *names, key_type="rsa")
+    found = await store.lookup_all("www.site.example.test")
+    assert [f.bundle for f in found] == [newer, rsa]  # the best ECDSA one, then RSA
+    found = await store.lookup_all("site.example.test")
+    assert [f.bundle for f in found] == [newer]  # live/site.example.test/ is named after it
+
+
+async def test_certbot_renewal_is_noticed_and_may_change_the_names(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    lineage(root, ca, "site.example.test", "site.example.test", "www.site.example.test")
+    _, position = await store.changes(None, 0)
+    assert await store.lookup("api.site.example.test") is None
+    chain, key = issue(ca, "site.example.test", "api.site.example.test", key=shared_key())
+    started = time.monotonic()
+    assert await asyncio.to_thread(certbot.renew, root, "site.example.test", chain, key) == 2
+    changes, position = await collect(store, position)
+    assert time.monotonic() - started < 2
+    assert changes == [
+        Change(
+            "put",
+            "live/site.example.test/fullchain.pem",
+            ("api.site.example.test", "site.example.test", "www.site.example.test"),
+        )
+    ]
+    found = await store.lookup("api.site.example.test")
+    assert found is not None
+    assert found.bundle == parse_bundle(chain, key)
+    assert await store.lookup("www.site.example.test") is None  # no longer one of its names
+    assert await store.changes(position, 0.2) == ((), position)
+
+
+async def test_lineages_added_and_removed_while_watching(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    _, position = await store.changes(None, 0)  # no live/ yet
+    bundle = lineage(root, ca, "new.example.test", "new.example.test", "www.new.example.test")
+    changes, position = await collect(store, position)
+    names = ("new.example.test", "www.new.example.test")
+    assert changes == [Change("put", "live/new.example.test/fullchain.pem", names)]
+    found = await store.lookup("www.new.example.test")
+    assert found is not None
+    assert found.bundle == bundle
+    shutil.rmtree(root / "live" / "new.example.test")
+    changes, position = await collect(store, position)
+    assert changes == [Change("delete", "live/new.example.test/fullchain.pem", names)]
+    assert await store.lookup("www.new.example.test") is None
+
+
+async def test_at_rest_the_change_feed_does_no_work(
+    store: DirectoryStore, root: Path, ca: CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lineage(root, ca, "site.example.test", "site.example.test", "www.site.example.test")
+    _, position = await store.changes(None, 0)
+    calls: list[object] = []
+    original = DaemonExecutor.submit
+
+    def spy(self: DaemonExecutor, fn: Callable[[], object]) -> object:
+        calls.append(fn)
+        return original(self, fn)
+
+    monkeypatch.setattr(DaemonExecutor, "submit", spy)
+    assert await store.changes(position, 0.5) == ((), position)
+    assert calls == []  # no rescan, no stat: the event loop slept
+
+
+async def test_an_inotify_queue_overflow_means_a_rescan(
+    store: DirectoryStore, root: Path, ca: CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, position = await store.changes(None, 0)
+    watcher = store._watcher
+    assert watcher is not None and watcher.watching
+    inotify = watcher._inotify
+    assert inotify is not None
+    original = inotify.read
+
+    def lossy() -> list[_inotify.Event]:
+        original()  # the events are lost ...
+        return [_inotify.Event(-1, _inotify.IN_Q_OVERFLOW, "", None)]  # ... and the kernel says so
+
+    inotify.read = lossy  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING):
+        write_combined(root, "a.example.test.pem", ca, "a.example.test")
+        changes, position = await collect(store, position)
+    assert changes == [Change("put", "a.example.test.pem", ("a.example.test",))]
+    assert "overflow" in caplog.text
+
+
+@pytest.mark.parametrize("cause", ["dir_watch", "watch limit", "no inotify", "nfs"])
+async def test_polling_when_inotify_cannot_be_used(
+    root: Path,
+    ca: CA,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    cause: str,
+) -> None:
+    if cause == "watch limit":  # reached at the first lineage, after root and live/
+
+        def limit(self: _inotify.Inotify, path: Path, tag: str, mask: int = 0) -> int:
+            if tag.startswith("live/"):
+                raise _inotify.WatchLimit(28, "the inotify watch limit is reached")
+            return original(self, path, tag)
+
+        original = _inotify.Inotify.add_watch
+        monkeypatch.setattr(_inotify.Inotify, "add_watch", limit)
+    elif cause == "no inotify":
+
+        def unavailable() -> _inotify.Inotify:
+            raise _inotify.InotifyUnavailable(38, "Function not implemented")
+
+        monkeypatch.setattr(_inotify, "open_inotify", unavailable)
+    elif cause == "nfs":
+        mount = f"36 25 0:44 / {root} rw,relatime - nfs4 server:/certs rw,vers=4.2\n"
+        monkeypatch.setattr(_dirscan, "read_mountinfo", lambda: mount)
+    mode: _dirwatch.WatchMode = "poll" if cause == "dir_watch" else "auto"
+    store = DirectoryStore(root, poll_interval=0.1, watch=mode)
+    lineage(root, ca, "a.example.test", "a.example.test", "www.a.example.test")
+    try:
+        with caplog.at_level(logging.WARNING):
+            _, position = await store.changes(None, 0)
+            bundle = lineage(root, ca, "b.example.test", "b.example.test", "www.b.example.test")
+            changes, position = await collect(store, position)
+            await asyncio.sleep(0.3)  # a few more polls
+        assert changes == [
+            Change(
+                "put", "live/b.example.test/fullchain.pem", ("b.example.test", "www.b.example.test")
+            )
+        ]
+        found = await store.lookup("www.b.example.test")
+        assert found is not None
+        assert found.bundle == bundle
+        assert store.change_detection.startswith("polling every 0.1s")
+        warnings = caplog.text.count("polling every 0.1s instead")
+        assert warnings == (0 if cause == "dir_watch" else 1)  # once, not per poll
+    finally:
+        await store.close()
+
+
+def test_remote_filesystems_are_recognised() -> None:
+    mountinfo = (
+        "22 1 253:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "36 22 0:40 / /mnt/certs rw,relatime - nfs4 server:/certs rw\n"
+        "37 22 0:41 / /mnt/with\\040space rw - cifs //server/x rw\n"
+        "38 36 0:42 / /mnt/certs/local rw - tmpfs tmpfs rw\n"
+    )
+    assert remote_filesystem(Path("/mnt/certs/live"), mountinfo) == "nfs4"
+    assert remote_filesystem(Path("/mnt/with space/a"), mountinfo) == "cifs"
+    assert remote_filesystem(Path("/mnt/certs/local/x"), mountinfo) is None
+    assert remote_filesystem(Path("/mnt/certsx"), mountinfo) is None
+    assert remote_filesystem(Path("/etc"), mountinfo) is None
+
+
+# --- bounded reads ------------------------------------------------------------------------------
+
+
+def hang_reads_of(
+    monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> tuple[threading.Event, list[Path]]:
+    """Reads of files named ``prefix...`` block (a hung filesystem) until the event is set."""
+    release = threading.Event()
+    stuck: list[Path] = []
+    original = _files.read_regular
+
+    def read(path: Path, label: str, limit: int = MAX_FILE_SIZE) -> tuple[bytes, float]:
+        if path.name.startswith(prefix):
+            stuck.append(path)
+            release.wait(60)
+        return original(path, label, limit)
+
+    monkeypatch.setattr(_files, "read_regular", read)
+    return release, stuck
+
+
+async def test_a_hung_read_fails_its_lookup_fast_and_never_delays_close(
+    root: Path, ca: CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_combined(root, "ok.example.test.pem", ca, "ok.example.test")
+    write_combined(root, "hung.example.test.pem", ca, "hung.example.test")
+    release, stuck = hang_reads_of(monkeypatch, "hung.example.test.pem")
+    store = DirectoryStore(root, read_timeout=0.3)
+    try:
+        await store.changes(None, 0)
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(store.lookup("hung.example.test") for _ in range(8)), return_exceptions=True
+        )
+        assert time.monotonic() - started < 2
+        for result in results:
+            assert isinstance(result, StoreUnavailable)
+            assert "'hung.example.test.pem'" in str(result)
+            assert "did not finish within 0.3s" in str(result)
+        assert len(stuck) == 8
+        # Every thread is stuck now: another lookup fails fast too, and says why.
+        with pytest.raises(StoreUnavailable, match="no free file thread"):
+            await store.lookup("ok.example.test")
+
+        started = time.monotonic()
+        await store.close()
+        assert time.monotonic() - started < 0.5  # did not wait for the 8 stuck reads
+        threads = [t for t in threading.enumerate() if t.name.startswith("certagent-dir")]
+        assert len(threads) >= 8 and all(t.daemon for t in threads)  # the exit won't wait
+        found = await store.lookup("ok.example.test")  # fresh threads after close
+        assert found is not None
+    finally:
+        release.set()
+        await store.close()
+
+
+async def test_the_agent_stops_in_time_with_reads_stuck(
+    tmp_path: Path, ca: CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "certs"
+    root.mkdir()
+    hosts = [f"hung{i}.example.test" for i in range(8)]
+    for host in hosts:
+        write_combined(root, f"{host}.pem", ca, host)
+    release, stuck = hang_reads_of(monkeypatch, "hung")
+    settings = Settings(
+        store=root.as_uri(),
+        agent_socket=str(tmp_path / "agent.sock"),
+        haproxy_socket=str(tmp_path / "no-haproxy.sock"),  # the agent keeps trying meanwhile
+        crt_list=str(tmp_path / "certagent.crtlist"),
+    )
+    stop = asyncio.Event()
+    agent = asyncio.create_task(daemon.run(settings, stop))
+
+    async def ensure(host: str) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(settings.agent_socket)
+        writer.write(f"ensure {host}\n".encode())
+        try:
+            return await reader.readline()
+        finally:
+            writer.close()
+
+    async def until(probe: Callable[[], bool]) -> None:
+        for _ in range(250):
+            if probe():
+                return
+            await asyncio.sleep(0.02)
+        pytest.fail(f"not within 5 s: {probe}")
+
+    clients: list[asyncio.Task[bytes]] = []
+    try:
+        await until(lambda: os.path.exists(settings.agent_socket))
+        clients = [asyncio.create_task(ensure(host)) for host in hosts]
+        await until(lambda: len(stuck) == 8)  # 8 reads stuck on the hung filesystem
+        started = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(agent, 5)
+        assert time.monotonic() - started < 5
+        assert len(stuck) == 8 and not release.is_set()  # it did not wait for them
+    finally:
+        release.set()
+        stop.set()
+        for client in clients:
+            client.cancel()
+
+
+def test_change_log_positions() -> None:
+    log = ChangeLog("file:///x", keep=3)
+    start = log.position()
+    assert log.since(log.seq_of(start)) == ()
+    log.append([Change("put", "a.pem", ("a.x.test",)), Change("put", "b.pem", ("b.x.test",))])
+    log.append([Change("delete", "a.pem", ("a.x.test", "c.x.test"))])
+    middle = log.position()
+    # one change per record: the last kind, every name
+    assert log.since(log.seq_of(start)) == (
+        Change("delete", "a.pem", ("a.x.test", "c.x.test")),
+        Change("put", "b.pem", ("b.x.test",)),
+    )
+    log.append([Change("put", "d.pem", ("d.x.test",))])
+    assert log.since(log.seq_of(middle)) == (Change("put", "d.pem", ("d.x.test",)),)
+    with pytest.raises(ChangesLost, match="no longer kept"):
+        log.seq_of(start)  # 4 changes since, 3 kept: the caller must reconcile
+    for foreign in (ChangeLog("file:///x").position(), f"{middle}0", "x.1", ""):
+        with pytest.raises(ChangesLost, match="not a position"):
+            log.seq_of(foreign)
+
+
+async def test_polling_waits_longer_when_a_rescan_is_slow(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scans: list[float] = []
+    original = _dirwatch.DirWatcher._rescan
+
+    async def slow_rescan(self: _dirwatch.DirWatcher) -> None:
+        scans.append(time.monotonic())
+        await asyncio.sleep(0.05)  # a slow filesystem
+        await original(self)
+
+    monkeypatch.setattr(_dirwatch.DirWatcher, "_rescan", slow_rescan)
+    store = DirectoryStore(root, poll_interval=0.05, watch="poll")
+    try:
+        await store.changes(None, 0)
+        await asyncio.sleep(1.5)
+    finally:
+        await store.close()
+    # Every 0.05 s would be ~15 scans.  The first scan (it reads every certificate) does
+    # not count; after the second, a rescan, they are at least 20 x 0.05 s apart.
+    assert 2 <= len(scans) <= 3, scans
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(scans[1:])), scans
+
+
+# --- OCSP -----------------------------------------------------------------------------------------
+
+
+async def test_an_ocsp_response_sits_beside_its_file_and_is_a_change(
+    store: DirectoryStore, root: Path, ca: CA
+) -> None:
+    from cryptography import x509
+
+    from certagent.errors import OcspError
+    from certagent.testing.ocsp import ocsp_response
+
+    chain, key = issue(ca, "o.example.test", key=shared_key())
+    record = await store.add(parse_bundle(chain, key))
+    _, position = await store.changes(None, 0)
+    der = ocsp_response(ca, x509.load_pem_x509_certificate(chain))
+    facts = await store.put_ocsp(record.id, der, datetime.now(UTC))
+    assert facts.status == "good"
+    assert (root / f"{record.id}.ocsp").read_bytes() == der
+    changes, position = await store.changes(position, 2)
+    assert changes == (Change("put", record.id, ("o.example.test",)),)
+    found = await store.lookup_all("o.example.test")
+    assert [s.ocsp for s in found] == [der]
+    other = issue_cert(ca, "p.example.test", key=shared_key())
+    with pytest.raises(OcspError, match="another certificate"):
+        await store.put_ocsp(record.id, ocsp_response(ca, other), datetime.now(UTC))
+    assert (root / f"{record.id}.ocsp").read_bytes() == der  # nothing lost
+    # a sidecar that is not a response for it is not stapled (the certificate still is served)
+    (root / f"{record.id}.ocsp").write_bytes(b"garbage")
+    found = await store.lookup_all("o.example.test")
+    assert len(found) == 1 and found[0].ocsp is None

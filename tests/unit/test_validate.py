@@ -7,11 +7,15 @@ from collections.abc import Callable
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from agent import errors
-from agent.errors import (
+from certagent import errors
+from certagent.certs.pem import normalise_pem, parse_bundle, split_blocks
+from certagent.certs.validate import UPLOAD_CODES, UPLOAD_ERRORS, UploadPolicy, validate_upload
+from certagent.errors import (
     BundleTooLarge,
+    CaLeaf,
     CertificateError,
     ChainOrder,
     ChainTooLong,
@@ -29,9 +33,7 @@ from agent.errors import (
     UnsupportedKey,
     WeakKey,
 )
-from agent.pem import normalise_pem, parse_bundle, split_blocks
-from agent.validate import UPLOAD_CODES, UPLOAD_ERRORS, UploadPolicy, validate_upload
-from tests.certs import (
+from certagent.testing.certs import (
     CA,
     KeyFormat,
     KeyType,
@@ -278,6 +280,13 @@ def _no_names(ca: CA) -> Upload:
     return cert_pem(issue_odd(ca, key=key, subject=subject)) + ca.chain_pem, key_pem(key)
 
 
+def _ca_leaf(ca: CA) -> Upload:
+    """An intermediate CA's certificate and key, with a DNS name, uploaded as a leaf."""
+    key = make_key()
+    cert = issue_odd(ca, "a.example.test", key=key, ca=True)
+    return cert_pem(cert) + ca.chain_pem, key_pem(key)
+
+
 def _encrypted_key(ca: CA) -> Upload:
     key = make_key()
     chain, _ = issue(ca, "a.example.test", key=key)
@@ -303,6 +312,7 @@ CASES: dict[str, tuple[type[CertificateError], Callable[[CA], Upload]]] = {
     "chain-too-long": (ChainTooLong, _chain_too_long),
     "duplicate-certificate": (DuplicateCertificate, _duplicate),
     "no-names": (NoNames, _no_names),
+    "ca-certificate": (CaLeaf, _ca_leaf),
     "encrypted-key": (EncryptedKey, _encrypted_key),
     "multiple-keys": (MultipleKeys, _multiple_keys),
 }
@@ -730,3 +740,64 @@ def test_self_issued_loop_does_not_explode(ca: CA) -> None:
     upload = (cert_pem(leaf) + b"".join(selfies) + ca.root_pem, key_pem(leaf_key))
     exc = refuse(UnrelatedChain, upload, UploadPolicy(max_chain=12))
     assert "#12" in str(exc)
+
+
+# --- the signing RSA key check (bulk import) -----------------------------------------------
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_signing_rsa_check_refuses_every_case_alike(ca: CA, code: str) -> None:
+    error, build = CASES[code]
+    upload = build(ca)
+    with pytest.raises(CertificateError) as info:
+        validate_upload(upload[0], upload[1], now=now(), policy=POLICY, rsa_key_check="sign")
+    assert type(info.value) is error
+    assert_no_key_material(info.value, upload)
+
+
+@pytest.mark.parametrize("key_type", ["ec", "ec384", "rsa", "rsa3072"])
+def test_signing_rsa_check_gives_the_same_bundle(ca: CA, key_type: KeyType) -> None:
+    chain, key = issue(ca, "a.example.test", key=shared_key(key_type))
+    full = validate_upload(chain, key, now=now(), policy=POLICY)
+    signed = validate_upload(chain, key, now=now(), policy=POLICY, rsa_key_check="sign")
+    assert signed == full
+    assert signed.pem == full.pem
+
+
+def _broken_rsa_key() -> bytes:
+    """An RSA key whose public part is intact but whose private exponents are wrong."""
+    good = shared_key("rsa")
+    assert isinstance(good, rsa.RSAPrivateKey)
+    numbers = good.private_numbers()
+    broken = rsa.RSAPrivateNumbers(
+        p=numbers.p,
+        q=numbers.q,
+        d=numbers.d + 2,
+        dmp1=numbers.dmp1 + 2,
+        dmq1=numbers.dmq1 + 2,
+        iqmp=numbers.iqmp,
+        public_numbers=numbers.public_numbers,
+    ).private_key(unsafe_skip_rsa_key_validation=True)
+    return broken.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+@pytest.mark.parametrize("check_kind", ["openssl", "sign"])
+def test_rsa_key_that_cannot_sign_is_refused(ca: CA, check_kind: str) -> None:
+    chain, _ = issue(ca, "a.example.test", key=shared_key("rsa"))
+    upload = (chain, _broken_rsa_key())
+    with pytest.raises(PemError) as info:
+        validate_upload(
+            *upload,
+            now=now(),
+            policy=POLICY,
+            rsa_key_check="sign" if check_kind == "sign" else "openssl",
+        )
+    assert info.value.code == "bad-pem"
+    assert "cannot be parsed" in str(info.value)
+    if check_kind == "sign":
+        assert "does not sign for its certificate" in str(info.value)
+    assert_no_key_material(info.value, upload)

@@ -1,0 +1,5 @@
+import sys
+
+from certagent.cli.commands import main
+
+sys.exit(main())

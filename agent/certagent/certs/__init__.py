@@ -1,0 +1,1 @@
+"""Certificates and keys: PEM parsing, upload validation, key encryption, hostname rules."""

@@ -1,0 +1,118 @@
+"""Where ``certagent cert`` commands act: the store directly, or a running agent's REST API.
+
+Both validate uploads with :func:`certagent.certs.validate.validate_upload`:
+:class:`StoreBackend` here before writing to the store, the API server for
+:class:`~certagent.api.client.ApiBackend`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from certagent import config
+from certagent.api.body import upload_policy
+from certagent.api.client import ApiBackend
+from certagent.api.problems import AlreadyStored
+from certagent.api.views import ocsp_json, record_json
+from certagent.certs.pem import CertBundle
+from certagent.certs.validate import UploadPolicy, validate_upload
+from certagent.cli._import_work import read_file
+from certagent.errors import (
+    ConfigError,
+    DuplicateCertificate,
+    NotFound,
+)
+from certagent.store import RedisStore, open_configured
+from certagent.store.base import Store
+from certagent.store.redis import BulkAdds
+
+__all__ = ["TOKEN_ENV", "Backend", "Record", "StoreBackend", "open_backend", "read_file"]
+
+TOKEN_ENV = "CERTAGENT_TOKEN"  # noqa: S105 (a variable name)
+
+Record = dict[str, Any]
+
+
+# --- backends: the store directly, or the REST API ---------------------------------------------
+
+
+class Backend(Protocol):
+    async def add(self, chain: bytes, key: bytes | None) -> Record: ...
+    async def replace(self, cert_id: str, chain: bytes, key: bytes | None) -> Record: ...
+    async def get(self, cert_id: str) -> Record: ...
+    async def page(
+        self, name: str | None, expiring_before: datetime | None, cursor: str | None
+    ) -> tuple[list[Record], str | None]: ...
+    async def delete(self, cert_id: str) -> None: ...
+    async def put_ocsp(self, cert_id: str, der: bytes) -> Record: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class StoreBackend:
+    store: Store
+    policy: UploadPolicy
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    def _validate(self, chain: bytes, key: bytes | None) -> CertBundle:
+        return validate_upload(chain, key, now=self.now(), policy=self.policy)
+
+    async def add(self, chain: bytes, key: bytes | None) -> Record:
+        bundle = self._validate(chain, key)
+        try:
+            return record_json(await self.store.add(bundle))
+        except DuplicateCertificate as exc:
+            raise AlreadyStored(str(exc)) from exc
+
+    async def replace(self, cert_id: str, chain: bytes, key: bytes | None) -> Record:
+        await self.get(cert_id)
+        bundle = self._validate(chain, key)
+        try:
+            return record_json(await self.store.replace(cert_id, bundle))
+        except DuplicateCertificate as exc:
+            raise AlreadyStored(str(exc)) from exc
+
+    async def get(self, cert_id: str) -> Record:
+        record = await self.store.get(cert_id)
+        if record is None:
+            raise NotFound(f"no certificate with id {cert_id!r} in {self.store.describe()}")
+        return record_json(record)
+
+    async def page(
+        self, name: str | None, expiring_before: datetime | None, cursor: str | None
+    ) -> tuple[list[Record], str | None]:
+        found = await self.store.list(
+            name=name, expiring_before=expiring_before, cursor=cursor, limit=500
+        )
+        return [record_json(r) for r in found.records], found.cursor
+
+    async def delete(self, cert_id: str) -> None:
+        await self.store.delete(cert_id)
+
+    async def put_ocsp(self, cert_id: str, der: bytes) -> Record:
+        await self.get(cert_id)
+        return ocsp_json(cert_id, await self.store.put_ocsp(cert_id, der, self.now()))
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    def bulk(self) -> BulkAdds | None:
+        """Many adds per round trip, if the store has them (Redis)."""
+        return self.store.bulk if isinstance(self.store, RedisStore) else None
+
+
+def open_backend(args: argparse.Namespace) -> Backend:
+    if (args.config is None) == (args.api is None):
+        raise ConfigError("give either --config FILE (the store directly) or --api URL")
+    if args.api is not None:
+        token = args.token or os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ConfigError(f"--api needs a token: --token TOKEN or ${TOKEN_ENV}")
+        return ApiBackend(args.api, token)
+    settings = config.load(args.config)
+    return StoreBackend(open_configured(settings), upload_policy(settings))

@@ -1,0 +1,386 @@
+"""Command line: ``certagent init | run | check | status | tls-keys | token``.
+
+The only place that configures logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from certagent import __version__, config
+from certagent.cli import logs
+from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
+from certagent.cli.init import InitOptions, init
+from certagent.cli.tokens import add_token_commands, run_token_command
+from certagent.errors import AgentError
+from certagent.runtime import protocol
+from certagent.runtime.client import probe_identity, query
+from certagent.store import open_configured
+
+log = logging.getLogger("certagent")
+
+CONFIG_HELP = (
+    "certagent.toml written by 'certagent init' (keys can be overridden by CERTAGENT_* variables)"
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """``allow_abbrev=False`` by default, here and in every subcommand's parser.
+
+    Abbreviated options are a trap: ``certagent run --conf X`` would be taken
+    as ``--config X``, and adding any ``--conf…`` option later would change what
+    an existing script means.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = Parser(
+        prog="certagent",
+        description="Lazy-load TLS certificates into HAProxy 2.x on the first connection "
+        "that names a host.",
+    )
+    p.add_argument("--version", action="version", version=f"certagent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pi = sub.add_parser(
+        "init",
+        help="write a working haproxy.cfg + certagent.toml setup into DIR",
+        description="Write into DIR: haproxy.cfg, certagent.toml, certagent.lua, an empty "
+        "crt-list and map, and a self-signed default certificate. Then run "
+        "'haproxy -W -db -f DIR/haproxy.cfg' and 'certagent run --config DIR/certagent.toml'.",
+    )
+    pi.add_argument(
+        "directory", metavar="DIR", type=Path, help="where to write the files (created if missing)"
+    )
+    pi.add_argument(
+        "--bind", required=True, metavar="ADDR:PORT", help="public TLS address, e.g. 127.0.0.1:8443"
+    )
+    pi.add_argument(
+        "--store",
+        required=True,
+        metavar="URL",
+        help="redis://HOST:PORT/DB, or file:///DIR (or a plain directory path)",
+    )
+    pi.add_argument(
+        "--capacity",
+        type=int,
+        default=1000,
+        metavar="K",
+        help="most certificates HAProxy holds at once (default 1000)",
+    )
+    pi.add_argument(
+        "--fallback",
+        choices=config.FALLBACKS,
+        default="default-cert",
+        help="when no certificate can be loaded: serve the default certificate, or close",
+    )
+    pi.add_argument(
+        "--backend",
+        metavar="ADDR:PORT",
+        help="where decrypted HTTP goes (default: a built-in '200 ok' responder)",
+    )
+    pi.add_argument(
+        "--hold",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long a new host's first connection may wait for its certificate (default 5);"
+        " haproxy.cfg's inspect-delay and Lua timeout are derived from it",
+    )
+    pi.add_argument(
+        "--log",
+        default="stdout",
+        metavar="TARGET",
+        help="where HAProxy logs the connections that asked the agent and every request:"
+        " stdout (default), stderr, a syslog socket path (/dev/log) or HOST:PORT (syslog/UDP)",
+    )
+    pi.add_argument(
+        "--data-key",
+        type=Path,
+        metavar="FILE",
+        help="join a fleet: the data-key file of the other nodes (a Redis store), copied to"
+        " DIR/data.key; without it a new key is made",
+    )
+    pi.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite haproxy.cfg, certagent.toml and the other files an earlier init wrote"
+        " (never data.key, store.password or default.pem)",
+    )
+    pi.add_argument(
+        "--systemd",
+        action="store_true",
+        help="also write systemd units into DIR/systemd/ (the agent, a drop-in for"
+        " haproxy.service, tmpfiles for the run directory)",
+    )
+    pi.add_argument(
+        "--user",
+        metavar="USER",
+        help="HAProxy's user (e.g. haproxy) when its master runs as root: the workers, the unix"
+        " sockets, the agent and its secret files belong to it",
+    )
+    pi.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory for the unix sockets (default DIR/run)",
+    )
+
+    pr = sub.add_parser(
+        "run",
+        help="run the agent daemon",
+        description="Run the agent until SIGTERM or SIGINT. SIGHUP re-reads the log level and"
+        " the API tokens file. Exits 1 at once if another agent already serves this HAProxy.",
+    )
+    pr.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+
+    pc = sub.add_parser(
+        "check",
+        help="exit 0 if HAProxy, the store, the agent and the config are usable, else 1",
+        description="Check the config, HAProxy's runtime socket (crt-list and usage table "
+        "known), the store, and that the agent answers on its socket.",
+    )
+    pc.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+
+    ps = sub.add_parser(
+        "status",
+        help="ask the running agent: pool usage, counters, HAProxy and store health",
+        description="Ask the running agent over its unix socket. Exits 1 if the agent does not"
+        " answer or if HAProxy or the store is down.",
+    )
+    ps.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    ps.add_argument(
+        "--json", action="store_true", help="print the raw JSON, every slot included (O(K))"
+    )
+    pt = sub.add_parser(
+        "tls-keys",
+        help="the fleet's TLS session-ticket keys: rotate them now",
+        description="Ask the running agent to rotate the session-ticket keys now (for example"
+        " after a key may have leaked). Every agent on the same store pushes the new key into"
+        " its HAProxy at once; sessions resumed with the previous keys keep working.",
+    )
+    pt.add_argument("action", choices=["rotate"], help="rotate: a new key for the fleet now")
+    pt.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
+    add_cert_commands(sub)
+    add_token_commands(sub)
+    return p
+
+
+async def _check(settings: config.Settings) -> bool:
+    ok = True
+    try:
+        ident = await probe_identity(settings.haproxy_socket)
+        print(f"ok    HAProxy {ident.version} pid {ident.pid} at {settings.haproxy_socket}")
+        crtlist = await query(settings.haproxy_socket, "show", "ssl", "crt-list")
+        if settings.crt_list not in crtlist.splitlines():
+            print(f"FAIL  crt-list {settings.crt_list} is not in HAProxy's configuration")
+            ok = False
+        else:
+            print(f"ok    crt-list {settings.crt_list}")
+        table = settings.usage_table
+        reply = await query(settings.haproxy_socket, "show", "table", table, "data.gpt0", "gt", "0")
+        if not reply.startswith(f"# table: {table},"):
+            print(
+                f"FAIL  usage table {table}: {reply.strip()[:120]!r}; it must be fe_sni's"
+                " stick-table with 'store gpt0,conn_cnt' (re-run 'certagent init')"
+            )
+            ok = False
+        else:
+            loaded = len(protocol.parse_show_table(reply))
+            print(f"ok    usage table {table} ({loaded} hosts marked loaded)")
+        if settings.tls_keys_file:
+            keys = settings.tls_keys_file
+            held = protocol.parse_show_tls_keys(
+                await query(settings.haproxy_socket, "show", "tls-keys", keys)
+            )
+            if held is None:
+                print(
+                    f"FAIL  ticket keys: HAProxy has no 'tls-ticket-keys {keys}' on fe_tls's bind;"
+                    " sessions do not resume across nodes or reloads (re-run 'certagent init')"
+                )
+                ok = False
+            else:
+                print(f"ok    ticket keys {keys} ({len(held)} keys)")
+    except AgentError as exc:
+        print(f"FAIL  HAProxy: {exc}")
+        ok = False
+    store = open_configured(settings)
+    try:
+        await store.ping()
+        print(f"ok    store {store.describe()}")
+    except AgentError as exc:
+        print(f"FAIL  store {store.describe()}: {exc}")
+        ok = False
+    finally:
+        await store.close()
+    try:
+        st = await _status(settings)
+    except AgentError as exc:
+        print(f"FAIL  agent: {exc}")
+        ok = False
+    else:
+        print(f"ok    agent pid {st['agent_pid']} answers at {settings.agent_socket}")
+    return ok
+
+
+async def _status(settings: config.Settings, slots: bool = False) -> dict[str, Any]:
+    return await _ask(settings, b"status slots" if slots else b"status")
+
+
+async def _ask(settings: config.Settings, request: bytes) -> dict[str, Any]:
+    """One request line to the agent's socket; its JSON answer."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(settings.agent_socket), 2
+        )
+        writer.write(request + b"\n")
+        line = await asyncio.wait_for(reader.readline(), 10)
+        writer.close()
+    except (OSError, TimeoutError) as exc:
+        raise AgentError(
+            f"agent not reachable at {settings.agent_socket}: {exc}; is 'certagent run' up?"
+        ) from exc
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    e, ld = st["ensure"], st["loader"]
+    print(f"agent pid      {st['agent_pid']}")
+    up = {True: "up", False: "DOWN"}
+    print(
+        f"haproxy        {up[st['haproxy_up']]}, pid {st['haproxy_pid']} ({st['haproxy_version']})"
+    )
+    print(f"store          {up[st['store_up']]}, {st['store']}")
+    print(
+        f"slots          {st['slots_used']} / {st['capacity']} ({st['hosts_mapped']} hosts mapped)"
+    )
+    print(
+        f"requests       {e['requests']}: hits {e['hits']}, loaded {e['loaded']},"
+        f" unknown {e['unknown']} (+{e['negative_hits']} cached), busy {e['busy']},"
+        f" invalid {e['invalid']}, errors {e['errors']}"
+    )
+    print(
+        f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots,"
+        f" {ld['map_only']} map-only), failures {ld['failures']}, resyncs {ld['resets']}"
+    )
+    tk = st.get("tickets")
+    if tk:
+        where = {True: "in HAProxy", False: "NOT in HAProxy (haproxy.cfg lacks them)"}
+        print(
+            f"ticket keys    generation {tk['generation']}, {where.get(tk['in_haproxy'], '?')},"
+            f" next rotation in {_until(tk['next_rotation'])}, ring in {tk['store']}"
+        )
+
+
+def _until(when: float | None) -> str:
+    if when is None:
+        return "?"
+    left = max(0, int(when - time.time()))
+    return f"{left // 3600}h{left % 3600 // 60:02d}m"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``certagent``: its exit status.  A closed stdout (``certagent cert ls | head``) is quiet."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away: say nothing more, and keep the interpreter's final
+        # flush of stdout from raising again.  128 + SIGPIPE, as a shell would report.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _init(args: argparse.Namespace) -> int:
+    result = init(
+        InitOptions(
+            args.directory,
+            args.bind,
+            args.store,
+            args.capacity,
+            args.fallback,
+            args.backend,
+            args.run_dir,
+            hold=args.hold,
+            log=args.log,
+            data_key=args.data_key,
+            force=args.force,
+            systemd=args.systemd,
+            user=args.user,
+        )
+    )
+    d = args.directory.absolute()
+    for path in result.written:
+        print(f"wrote {path}")
+    for path in result.kept:
+        print(f"kept  {path} (never overwritten)")
+    for note in result.notes:
+        print(note)
+    print(f"start:  haproxy -W -db -f {d}/haproxy.cfg")
+    print(f"        certagent run --config {d}/certagent.toml")
+    if args.systemd:
+        print(f"systemd: install the files of {d}/systemd/ (each says where), docs/operations.md")
+    return 0
+
+
+def _main(argv: list[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command in CERT_COMMANDS:
+        return run_cert_command(args)
+    try:
+        if args.command == "init":
+            return _init(args)
+        if args.command == "token":
+            return run_token_command(args)
+        settings = config.load(args.config)
+        logs.setup(settings.log_level, settings.log_format)
+        if args.command == "run":
+            import uvloop  # the agent's loop: less CPU per request than asyncio's own
+
+            from certagent.service.daemon import run
+
+            uvloop.run(run(settings, config_path=args.config))
+            return 0
+        if args.command == "check":
+            return 0 if asyncio.run(_check(settings)) else 1
+        if args.command == "tls-keys":
+            answer = asyncio.run(_ask(settings, b"tls-keys-rotate"))
+            if "error" in answer:
+                print(f"certagent: error: {answer['error']}", file=sys.stderr)
+                return 1
+            print(f"ticket keys rotated: generation {answer['generation']}")
+            return 0
+        if args.command == "status":
+            st = asyncio.run(_status(settings, slots=args.json))
+            if args.json:
+                print(json.dumps(st, indent=2, sort_keys=True))
+            else:
+                _print_status(st)
+            down = [what for what in ("haproxy", "store") if not st.get(f"{what}_up", True)]
+            if down:
+                print(f"certagent: {' and '.join(down)} down", file=sys.stderr)
+                return 1
+            return 0
+    except AgentError as exc:
+        print(f"certagent: error: {exc}", file=sys.stderr)
+        return 1
+    raise AssertionError(args.command)  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

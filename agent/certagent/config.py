@@ -1,0 +1,259 @@
+"""Settings: a TOML file, overridden key by key by ``CERTAGENT_<KEY>`` environment variables.
+
+Loaded once into a frozen :class:`Settings`; every key is documented in
+``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from certagent.errors import ConfigError
+
+FALLBACKS = ("default-cert", "reject")
+# Which certificates of a name with both an ECDSA and an RSA one are loaded (docs/haproxy.md).
+DUAL_CERTS = ("both", "ecdsa", "rsa")
+DIR_WATCH_MODES = ("auto", "poll")
+# ticketkeys.MIN_INTERVAL, without importing the certificate layer here
+MIN_TICKET_ROTATION = 600.0
+# HAProxy's inspect-delay bounds how long a connection can wait; init renders it from hold.
+MAX_HOLD = 60.0
+# Keys older versions wrote, and what to do about each.
+RETIRED = {
+    "map_file": "loaded hosts are marked in the usage table now; delete the line and re-run"
+    " 'certagent init' to regenerate haproxy.cfg",
+    "load_deadline": "renamed hold (how long a new host's connection may wait, default 5 s)",
+    "watch_interval": "reloads are noticed from the Lua action's requests; delete the line",
+    "usage_refresh": "slots to recycle are sampled (victim_samples); delete the line",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # where certificates come from: redis://host:port/db, or file:///dir (or a plain path)
+    store: str = "file:///var/lib/certagent/certs"
+    # a file whose first line is the store's password (mode 0600), kept out of `store`
+    store_password_file: str = ""
+    # Redis key prefix (Redis store only)
+    redis_prefix: str = "certagent:"
+    # HAProxy runtime socket (stats socket ... level admin)
+    haproxy_socket: str = "/run/certagent/admin.sock"
+    # HAProxy's master CLI (haproxy -S PATH): the agent asks it to reload in the rare case
+    # that needs one; "" = SIGUSR2 to the worker's parent (same user)
+    haproxy_master_socket: str = ""
+    # the agent's own unix socket, asked by the Lua action and by `certagent status`
+    agent_socket: str = "/run/certagent/agent.sock"
+    # the crt-list exactly as written in haproxy.cfg
+    crt_list: str = "/etc/certagent/certagent.crtlist"
+    # stick-table marking loaded hosts (gpt0 = slot) and their usage: the public frontend's
+    # name, and the table's expire in ms
+    usage_table: str = "fe_sni"
+    usage_expire_ms: int = 3_600_000
+    # slots drawn at random when choosing one to recycle (more: closer to exact LRU)
+    victim_samples: int = 8
+    # at most this many certificates held in HAProxy
+    capacity: int = 1000
+    # name prefix of the agent's certificate slots inside HAProxy
+    slot_prefix: str = "/certagent/slot-"
+    # names absent from the store are not looked up again for this long (s), at most this many
+    negative_ttl: float = 30.0
+    negative_cache_size: int = 100_000
+    # a new host's connection waits at most this long for its certificate (s), then "busy"
+    hold: float = 5.0
+    # at most this many loads waiting for the writer; more answer "busy" at once
+    max_waiting_loads: int = 10_000
+    # at most this many queued loads are sent to HAProxy in one pipelined batch
+    load_batch: int = 4
+    # after an HAProxy reload, re-load at most this many hosts, most recently used first
+    rewarm_max: int = 10_000
+    # a name with both an ECDSA and an RSA certificate: load both, or only one kind
+    dual_certs: str = "both"
+    # store lookups per second at most, on average (twice that at once); more answer "busy"
+    lookup_rate: float = 1000.0
+    # hosts marked loaded under one wildcard certificate at most (random-subdomain floods)
+    wildcard_hosts: int = 10_000
+    # HAProxy's tune.bufsize: command + PEM must fit
+    haproxy_bufsize: int = 16384
+    # runtime-API reply timeout (s)
+    haproxy_timeout: float = 5.0
+    # what clients get when no certificate can be loaded (used by `certagent init`)
+    fallback: str = "default-cert"
+    log_level: str = "info"
+    # "text" or "json" (one object per line: time, level, logger, message)
+    log_format: str = "text"
+    # REST API listen address, host:port ([::1]:8089 for IPv6); served only with api_tokens_file
+    api_bind: str = "127.0.0.1:8089"
+    # GET /metrics (Prometheus) on an address of its own, no token; "" = only on the REST
+    # API's listener (when it runs)
+    metrics_bind: str = ""
+    # fetch OCSP responses from each loaded certificate's own responder (AIA), when due
+    ocsp_fetch: bool = True
+    # a stored certificate whose notAfter is this close (days) is warned about, once
+    expiry_warning_days: float = 21.0
+    # REST API bearer tokens, "name:sha256hex" lines (`certagent token add`); "" = no REST API
+    api_tokens_file: str = ""
+    # largest upload accepted (certificate chain and key together), in bytes
+    max_upload_bytes: int = 262_144
+    # most certificates in an upload, leaf included
+    max_chain: int = 6
+    # smallest RSA key accepted in an upload, in bits
+    min_rsa_bits: int = 2048
+    # an upload whose notBefore is at most this far in the future is accepted (CA clock skew), s
+    not_before_grace: float = 0.0
+    # an upload whose notAfter passed at most this long ago is accepted, s
+    expiry_grace: float = 0.0
+    # data keys encrypting private keys in Redis (`certagent keys generate`); "" = stored plain
+    key_file: str = ""
+    # HAProxy's tls-ticket-keys file, written by the agent (the fleet's session-ticket keys);
+    # "" = no shared ticket keys (haproxy.cfg made before they existed)
+    tls_keys_file: str = ""
+    # seconds between ticket-key rotations (each key encrypts for one interval and decrypts
+    # for two more); at least 600, and at least HAProxy's tune.ssl.lifetime
+    ticket_key_rotation: float = 3600.0
+    # directory store: "auto" = inotify (polling where it cannot be used), "poll" = always poll
+    dir_watch: str = "auto"
+    # directory store: seconds between rescans when polling (not used while inotify works)
+    dir_poll_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ConfigError("capacity must be at least 1")
+        if self.fallback not in FALLBACKS:
+            raise ConfigError(
+                f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
+            )
+        if not 0 < self.hold <= MAX_HOLD or self.haproxy_timeout <= 0:
+            raise ConfigError(
+                f"hold must be between 0 and {MAX_HOLD:.0f} s and haproxy_timeout positive"
+            )
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log_format must be text or json, not {self.log_format!r}")
+        if self.dual_certs not in DUAL_CERTS:
+            raise ConfigError(
+                f"dual_certs must be one of {', '.join(DUAL_CERTS)}, not {self.dual_certs!r}"
+            )
+        if self.lookup_rate <= 0 or self.wildcard_hosts < 0:
+            raise ConfigError("lookup_rate must be positive and wildcard_hosts at least 0")
+        if self.victim_samples < 1 or self.rewarm_max < 0 or self.max_waiting_loads < 1:
+            raise ConfigError(
+                "victim_samples and max_waiting_loads must be at least 1, rewarm_max at least 0"
+            )
+        if not self.slot_prefix.startswith("/") or any(
+            self.slot_prefix.endswith(ext) for ext in (".crt", ".key", ".ocsp", ".issuer", ".sctl")
+        ):
+            raise ConfigError("slot_prefix must be an absolute name like /certagent/slot-")
+        if not 1 <= self.load_batch <= 256:
+            raise ConfigError("load_batch must be between 1 and 256")
+        if self.haproxy_bufsize < 4096:
+            raise ConfigError("haproxy_bufsize must be at least 4096 (HAProxy's tune.bufsize)")
+        parse_bind(self.api_bind)
+        if self.metrics_bind:
+            parse_bind(self.metrics_bind, "metrics_bind")
+        if not 0 < self.expiry_warning_days <= 365:
+            raise ConfigError("expiry_warning_days must be between 0 and 365")
+        if self.max_upload_bytes < 1024:
+            raise ConfigError("max_upload_bytes must be at least 1024")
+        if self.max_chain < 1:
+            raise ConfigError("max_chain must be at least 1 (the leaf)")
+        if self.min_rsa_bits < 1024:
+            raise ConfigError("min_rsa_bits must be at least 1024")
+        if self.not_before_grace < 0 or self.expiry_grace < 0:
+            raise ConfigError("not_before_grace and expiry_grace must not be negative")
+        if self.dir_watch not in DIR_WATCH_MODES:
+            raise ConfigError(
+                f"dir_watch must be one of {', '.join(DIR_WATCH_MODES)}, not {self.dir_watch!r}"
+            )
+        if not MIN_TICKET_ROTATION <= self.ticket_key_rotation <= 7 * 86400:
+            raise ConfigError(
+                f"ticket_key_rotation must be between {MIN_TICKET_ROTATION:.0f} s and 7 days"
+                " (a ticket must outlive its lifetime, tune.ssl.lifetime: 300 s by default)"
+            )
+        if self.tls_keys_file and not self.tls_keys_file.startswith("/"):
+            raise ConfigError(f"tls_keys_file must be an absolute path, not {self.tls_keys_file!r}")
+        if not 0.1 <= self.dir_poll_interval <= 3600:
+            raise ConfigError("dir_poll_interval must be between 0.1 and 3600 seconds")
+
+
+def parse_bind(value: str, what: str = "api_bind") -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) -> ``(host, port)``; ConfigError if malformed.
+
+    Port 0 asks the kernel for a free port (tests).
+    """
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(
+            f"{what} must be host:port, e.g. 127.0.0.1:8089 or [::1]:8089, not {value!r}"
+        )
+    return host, int(port)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    kind = type(getattr(Settings(), key))
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower()
+            if word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return word in ("1", "true", "yes", "on")
+        if kind is int and not isinstance(value, bool):
+            return int(value)
+        if kind is float and not isinstance(value, bool):
+            return float(value)
+        if kind is str and isinstance(value, str):
+            return value
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {key} must be a {kind.__name__}, got {value!r}") from exc
+    raise ConfigError(f"{source}: {key} must be a {kind.__name__}, got {value!r}")
+
+
+def load(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from ``path`` (optional) and ``environ`` (default: ``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(
+                f"config file {path} not found; create it with 'certagent init'"
+            ) from exc
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        for key, value in data.items():
+            if key in RETIRED:
+                raise ConfigError(f"{path}: {key} is no longer a setting: {RETIRED[key]}")
+            if key not in _FIELDS:
+                raise ConfigError(f"{path}: unknown key {key!r}; see docs/configuration.md")
+            values[key] = _coerce(key, value, str(path))
+    for key in _FIELDS:
+        env = f"CERTAGENT_{key.upper()}"
+        if env in environ:
+            values[key] = _coerce(key, environ[env], env)
+    return Settings(**values)
+
+
+def to_toml(settings: Settings) -> str:
+    """Render settings as a TOML file (used by ``certagent init``)."""
+    lines = []
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, str):
+            rendered = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        elif isinstance(value, bool):
+            rendered = "true" if value else "false"
+        else:
+            rendered = repr(value)
+        lines.append(f"{f.name} = {rendered}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,118 @@
+"""The HAProxy side of ``certagent init``: haproxy.cfg and the Lua action, from templates.
+
+Pure rendering, no I/O beyond reading the packaged templates
+(``runtime/templates/``, which are links to the repository's top-level
+``haproxy/`` and ``lua/`` folders).  docs/haproxy.md explains the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+# The Lua action waits for the agent's answer this long beyond the agent's hold, and the
+# connection's inspect-delay leaves this much more, so that the agent always answers first.
+LUA_MARGIN_MS = 1000
+INSPECT_MARGIN_MS = 1000
+
+
+@dataclass(frozen=True)
+class HAProxyLayout:
+    """Everything haproxy.cfg names: paths, the public bind and the policies."""
+
+    cfg_path: Path
+    lua_path: Path
+    run_dir: Path
+    crt_list: str
+    agent_socket: str
+    default_cert: Path
+    bind: str
+    capacity: int
+    usage_expire_ms: int
+    fallback: str  # "default-cert" or "reject"
+    backend: str | None  # host:port of the operator's HTTP backend; None = built-in 200
+    bufsize: int
+    hold: float  # seconds a new host's connection may wait for the agent
+    log_target: str = "stdout format raw"  # HAProxy's `log` target (see log_target())
+    user: str | None = None  # workers run as this user; it owns the unix sockets
+    tls_keys: Path | None = None  # the fleet's session-ticket keys, kept by the agent
+
+@dataclass(frozen=True)
+class HAProxyNames:
+    """Names the generated haproxy.cfg gives to what the agent edits."""
+
+    crt_list: str
+    usage_table: str
+    usage_expire_ms: int
+
+
+def log_target(value: str) -> str:
+    """HAProxy's ``log`` target for ``certagent init --log``: ValueError if unusable.
+
+    ``stdout`` or ``stderr`` (raw lines, for a supervisor such as systemd's journal),
+    an absolute path (a syslog unix socket, e.g. ``/dev/log``) or ``HOST:PORT``
+    (syslog over UDP).
+    """
+    if value in ("stdout", "stderr"):
+        return f"{value} format raw"
+    if value.startswith("/") and " " not in value and len(value) < 100:
+        return value
+    host, sep, port = value.rpartition(":")
+    if sep and host and port.isdigit() and 0 < int(port) < 65536 and " " not in host:
+        return value
+    raise ValueError(
+        f"log target {value!r}: use stdout, stderr, a syslog socket path (/dev/log) or HOST:PORT"
+    )
+
+
+def template(name: str) -> str:
+    """A packaged template's text: ``haproxy.cfg.tmpl`` or ``certagent.lua``."""
+    return resources.files("certagent.runtime").joinpath("templates", name).read_text()
+
+
+def lua_source() -> str:
+    """The Lua action HAProxy loads (``lua-load``)."""
+    return template("certagent.lua")
+
+
+def render_haproxy_cfg(layout: HAProxyLayout) -> str:
+    """haproxy.cfg for ``layout``: fe_sni (mode tcp, SNI peek) -> fe_tls (TLS, crt-list)."""
+    if layout.fallback == "reject":
+        fallback_rule = (
+            "    # fallback = reject: close connections whose certificate could not be loaded\n"
+            "    tcp-request content reject if { var(txn.certagent) -m found } "
+            "!{ var(txn.certagent) -m str ok }"
+        )
+    else:
+        fallback_rule = (
+            "    # fallback = default-cert: connections whose certificate could not be\n"
+            "    # loaded continue and are served the default certificate"
+        )
+    if layout.backend is None:
+        app_backend = '    http-request return status 200 content-type text/plain string "ok\\n"'
+    else:
+        app_backend = f"    server app {layout.backend}"
+    lua_timeout_ms = round(layout.hold * 1000) + LUA_MARGIN_MS
+    return Template(template("haproxy.cfg.tmpl")).substitute(
+        cfg_path=layout.cfg_path,
+        crt_list=layout.crt_list,
+        run_dir=layout.run_dir,
+        lua_path=layout.lua_path,
+        bufsize=layout.bufsize,
+        bind=layout.bind,
+        inspect_delay_ms=lua_timeout_ms + INSPECT_MARGIN_MS,
+        # loaded hosts (wildcards add some) and unmarked ones a live connection still holds
+        table_size=max(4 * layout.capacity, 1000),
+        usage_expire_ms=layout.usage_expire_ms,
+        agent_socket=layout.agent_socket,
+        lua_timeout_ms=lua_timeout_ms,
+        fallback_rule=fallback_rule,
+        default_cert=layout.default_cert,
+        app_backend=app_backend,
+        log_target=layout.log_target,
+        global_user=f"    user {layout.user}\n    group {layout.user}\n" if layout.user else "",
+        socket_owner=f" user {layout.user} group {layout.user}" if layout.user else "",
+        tls_ticket_keys=f" tls-ticket-keys {layout.tls_keys}" if layout.tls_keys else "",
+    )

@@ -1,0 +1,350 @@
+"""``certagent run``: startup -> serve until a stop signal -> drain -> shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from certagent import config
+from certagent.api import ApiServer, LoadedSlot, loaded_slots, start_api
+from certagent.api.metrics_listener import start_metrics
+from certagent.config import Settings
+from certagent.errors import AgentError, ConfigError, HAProxyError
+from certagent.runtime.client import RuntimeClient, probe_identity
+from certagent.runtime.haproxycfg import HAProxyNames
+from certagent.runtime.loader import Loader
+from certagent.runtime.pool import SlotPool
+from certagent.runtime.usage import VictimChooser
+from certagent.service.control import ControlServer
+from certagent.service.datakey import check_data_key
+from certagent.service.ensure import Ensurer, NegativeCache
+from certagent.service.expiry import ExpiryWatch
+from certagent.service.flood import LookupBudget
+from certagent.service.instance import InstanceLock
+from certagent.service.live import LiveUpdater
+from certagent.service.metrics import render as render_metrics
+from certagent.service.namefilter import NameFilter, NotingStore, keep_built
+from certagent.service.notify import notify
+from certagent.service.ocspfetch import OcspFetcher
+from certagent.service.rewarm import Rewarmer
+from certagent.service.tickets import LocalRing, RingStore, TicketKeeper
+from certagent.store import open_configured
+from certagent.store.base import Store
+from certagent.store.redis import RedisStore
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 5.0
+# How long ``status`` waits for HAProxy and the store to answer (s).
+HEALTH_TIMEOUT = 1.0
+
+
+class Agent:
+    """Everything ``certagent run`` wires together, with no process-global state."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.client = RuntimeClient(
+            settings.haproxy_socket,
+            timeout=settings.haproxy_timeout,
+            bufsize=settings.haproxy_bufsize,
+        )
+        self.pool = SlotPool(settings.capacity, settings.slot_prefix)
+        self.loader = Loader(
+            self.client,
+            self.pool,
+            HAProxyNames(
+                crt_list=settings.crt_list,
+                usage_table=settings.usage_table,
+                usage_expire_ms=settings.usage_expire_ms,
+            ),
+            max_waiting=settings.max_waiting_loads,
+            batch=settings.load_batch,
+            chooser=VictimChooser(samples=settings.victim_samples),
+        )
+        negative = NegativeCache(settings.negative_ttl, settings.negative_cache_size)
+        self.rewarmer = Rewarmer(
+            store, self.loader, limit=settings.rewarm_max, dual_certs=settings.dual_certs
+        )
+        self.loader.on_reload = self.rewarmer.start
+        self.loader.master_socket = settings.haproxy_master_socket
+        self.names = NameFilter()
+        self.ensurer = Ensurer(
+            store,
+            self.loader,
+            negative,
+            hold=settings.hold,
+            dual_certs=settings.dual_certs,
+            on_reload=self.rewarmer.start,
+            names=self.names,
+            budget=LookupBudget(settings.lookup_rate, 2 * settings.lookup_rate),
+            max_hosts_per_wildcard=settings.wildcard_hosts,
+        )
+        self.tickets: TicketKeeper | None = None
+        if settings.tls_keys_file:
+            keys_path = Path(settings.tls_keys_file)
+            rings: RingStore = (
+                store.tickets
+                if isinstance(store, RedisStore)
+                else LocalRing(keys_path.with_name("ring.json"))
+            )
+            self.tickets = TicketKeeper(rings, keys_path, settings.ticket_key_rotation, self.loader)
+            self.loader.on_session = self.tickets.sync
+        self.live = LiveUpdater(
+            store,
+            self.loader,
+            negative,
+            dual_certs=settings.dual_certs,
+            names=self.names,
+            on_tickets=self.tickets.refresh_quietly if self.tickets else None,
+        )
+        self.expiry = ExpiryWatch(store, settings.expiry_warning_days)
+        self.ocsp: OcspFetcher | None = None
+        if settings.ocsp_fetch:
+            self.ocsp = OcspFetcher(store, self.pool)
+            self.ensurer.on_loaded = self.rewarmer.on_loaded = self.ocsp.loaded
+            self.live.on_loaded = self.ocsp.loaded
+        self.control = ControlServer(
+            settings.agent_socket,
+            self.ensurer,
+            self.status,
+            {b"tls-keys-rotate": self.rotate_ticket_keys},
+        )
+
+    async def rotate_ticket_keys(self) -> dict[str, Any]:
+        """``certagent tls-keys rotate``: a new ring for the fleet now."""
+        if self.tickets is None:
+            raise ConfigError(
+                "no tls_keys_file configured: this haproxy.cfg predates shared ticket keys;"
+                " re-run certagent init"
+            )
+        await self.tickets.rotate_now()
+        return self.tickets.status()
+
+    async def _hits(self, what: str) -> dict[str, int]:
+        """Connections per host from the usage table; empty (and a warning) if unreadable."""
+        try:
+            return await self.loader.hits_by_host()
+        except HAProxyError as exc:
+            log.warning("%s: cannot read the usage table: %s", what, exc)
+            return {}
+
+    async def status(self, slots: bool = False) -> dict[str, Any]:
+        """Counters and health; with ``slots``, every slot too (O(K): a usage-table dump)."""
+        identity = self.loader.identity
+        haproxy_up, store_up = await asyncio.gather(self._haproxy_up(), self._store_up())
+        out: dict[str, Any] = {
+            "agent_pid": os.getpid(),
+            "haproxy_pid": identity.pid if identity else None,
+            "haproxy_version": identity.version if identity else None,
+            "haproxy_up": haproxy_up,
+            "store_up": store_up,
+            "capacity": self.pool.capacity,
+            "slots_used": len(self.pool),
+            "hosts_mapped": sum(len(s.hosts) for s in self.pool.slots),
+            "negative_cache": len(self.ensurer.negative),
+            "store": self.store.describe(),
+            "ensure": dataclasses.asdict(self.ensurer.counters),
+            "loader": dataclasses.asdict(self.loader.counters),
+            "live": dataclasses.asdict(self.live.counters),
+            "rewarm": dataclasses.asdict(self.rewarmer.counters),
+            "waiting_loads": self.loader.waiting(),
+            "name_filter": {"ready": self.names.ready, "rebuilds": self.names.rebuilds},
+            "tickets": None if self.tickets is None else self.tickets.status(),
+            "expiry": self.expiry.status(),
+            "ocsp_fetch": None if self.ocsp is None else self.ocsp.status(),
+            "load_seconds": self.ensurer.load_seconds.snapshot(),
+        }
+        if slots:
+            hits = await self._hits("status")
+            out["slots"] = [
+                {
+                    "slot": s.name,
+                    "certificate": s.cert_id,
+                    "hosts": sorted(s.hosts),
+                    "connections": sum(hits.get(h, 0) for h in s.hosts),
+                }
+                for s in self.pool.slots
+            ]
+        return out
+
+    async def _haproxy_up(self) -> bool:
+        """Whether HAProxy's runtime socket answers now (a fresh ``show info``)."""
+        try:
+            await probe_identity(self.settings.haproxy_socket, timeout=HEALTH_TIMEOUT)
+        except HAProxyError:
+            return False
+        return True
+
+    async def _store_up(self) -> bool:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT):
+                await self.store.ping()
+        except (AgentError, TimeoutError):
+            return False
+        return True
+
+    async def metrics(self) -> bytes:
+        """``GET /metrics``: the status snapshot in Prometheus' text format."""
+        return render_metrics(await self.status())
+
+    async def loaded(self) -> list[LoadedSlot]:
+        """What HAProxy holds now, for ``GET /v1/loaded``."""
+        hits = await self._hits("loaded")
+        return loaded_slots(
+            self.pool.slots, hits, now=datetime.now(UTC), monotonic_now=time.monotonic()
+        )
+
+    async def connect_haproxy(self, stop: asyncio.Event) -> None:
+        """Connect to HAProxy and adopt what it holds; retry (with backoff) until it answers.
+
+        Runs only until the first success: afterwards every request of the Lua
+        action names its HAProxy worker, and the ensure path notices a reload
+        or restart from that (no polling).
+        """
+        delay = 0.1
+        while not stop.is_set():
+            try:
+                identity = await self.loader.sync()
+            except AgentError as exc:
+                log.warning("HAProxy not reachable yet (%s); retrying in %.1fs", exc, delay)
+            else:
+                log.info("serving HAProxy pid %d", identity.pid)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def run(
+    settings: Settings, stop: asyncio.Event | None = None, config_path: Path | None = None
+) -> None:
+    """The agent until ``stop`` is set (SIGTERM, SIGINT); SIGHUP re-reads what it safely can.
+
+    Refuses to start (ConfigError) while another agent holds this HAProxy's lock.
+    """
+    lock = InstanceLock(settings.agent_socket)
+    lock.acquire()
+    try:
+        await _serve(settings, stop or asyncio.Event(), config_path)
+    finally:
+        lock.release()
+
+
+async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | None) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = open_configured(settings)
+    agent = Agent(settings, store)
+    try:
+        await store.ping()
+    except AgentError as exc:
+        log.warning("store %s not reachable yet: %s", store.describe(), exc)
+    if isinstance(store, RedisStore):
+        await check_data_key(store, settings, store.keyring)  # ConfigError: refuse to start
+    if agent.tickets is not None:
+        await agent.tickets.start_quietly()
+    api = await start_api(
+        settings,
+        NotingStore(store, agent.names),  # an upload passes the name filter at once
+        loaded=agent.loaded,
+        ready=lambda: agent.loader.identity is not None,
+        metrics=agent.metrics,
+    )
+    metrics = (
+        await start_metrics(settings.metrics_bind, agent.metrics) if settings.metrics_bind else None
+    )
+    loop.add_signal_handler(signal.SIGHUP, _on_hup, settings, config_path, api)
+    await agent.control.start()
+    tasks = [
+        asyncio.create_task(agent.connect_haproxy(stop), name="connect-haproxy"),
+        asyncio.create_task(agent.live.run(stop), name="live-changes"),
+        asyncio.create_task(keep_built(agent.names, store, stop), name="name-filter"),
+        asyncio.create_task(agent.expiry.run(stop), name="expiry"),
+    ]
+    if agent.ocsp is not None:
+        tasks.append(asyncio.create_task(agent.ocsp.run(stop), name="ocsp-fetch"))
+    if agent.tickets is not None:
+        tasks.append(asyncio.create_task(agent.tickets.run(stop), name="ticket-keys"))
+
+    def supervise(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical(
+                "%s crashed; stopping the agent", task.get_name(), exc_info=task.exception()
+            )
+            stop.set()
+
+    for task in tasks:
+        task.add_done_callback(supervise)
+    log.info(
+        "certagent running (pid %d): capacity %d, store %s, HAProxy %s",
+        os.getpid(),
+        settings.capacity,
+        store.describe(),
+        settings.haproxy_socket,
+    )
+    notify("READY=1", f"STATUS=serving HAProxy's Lua action on {settings.agent_socket}")
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        notify("STOPPING=1")
+        loop.remove_signal_handler(signal.SIGHUP)
+        await agent.control.close()
+        if api is not None:
+            await api.close()
+        if metrics is not None:
+            await metrics.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
+        agent.ensurer.unknown.flush()
+        await agent.rewarmer.close()
+        await agent.loader.close()
+        await store.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _on_hup(settings: Settings, config_path: Path | None, api: ApiServer | None) -> None:
+    """SIGHUP: the log level from the config file, the API tokens file; nothing else.
+
+    Other settings need a restart; the ones that changed are named in a warning.
+    """
+    notify("RELOADING=1")
+    changed: list[str] = []
+    level = settings.log_level
+    if config_path is not None:
+        try:
+            fresh = config.load(config_path)
+        except ConfigError as exc:
+            log.warning("SIGHUP: %s; keeping the running settings", exc)
+            fresh = settings
+        level = fresh.log_level
+        changed = [
+            f.name
+            for f in dataclasses.fields(Settings)
+            if f.name != "log_level" and getattr(fresh, f.name) != getattr(settings, f.name)
+        ]
+    logging.getLogger().setLevel(getattr(logging, level.upper(), logging.INFO))
+    tokens = api.reload_tokens() if api is not None else None
+    log.info(
+        "SIGHUP: log level %s%s",
+        level,
+        "" if tokens is None else f", API tokens file re-read ({tokens} tokens)",
+    )
+    if changed:
+        log.warning(
+            "SIGHUP: %s changed in the config file; they apply after a restart", ", ".join(changed)
+        )
+    notify("READY=1")

@@ -1,0 +1,188 @@
+"""Prometheus metrics: ``GET /metrics`` renders the agent's status snapshot.
+
+Nothing is instrumented on the hot path but :class:`LatencyHistogram` (one
+bisect per load).  Every other value is read at scrape time from the counters
+the agent keeps anyway (:meth:`~certagent.service.daemon.Agent.status`), so a
+scrape costs O(1) whatever the number of slots or stored certificates, plus the
+two health probes the status makes.  :func:`render` is pure: snapshot in, text
+exposition format out (prometheus-client does the format).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "LatencyHistogram", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Seconds: a load takes a few ms when all goes well, up to the hold (5 s) in a storm.
+LOAD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+#: ensure counter -> the ``outcome`` label of certagent_ensure_requests_total
+_OUTCOMES = {
+    "hits": "hit",
+    "loaded": "loaded",
+    "unknown": "unknown",
+    "negative_hits": "unknown_cached",
+    "busy": "busy",
+    "invalid": "invalid",
+    "errors": "error",
+    "wildcard_hits": "wildcard_hit",
+}
+
+
+class LatencyHistogram:
+    """Counts of observations per bucket, and their sum; O(log buckets) per observation."""
+
+    def __init__(self, buckets: tuple[float, ...] = LOAD_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one: above every bucket (+Inf)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self.total += seconds
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"buckets": list(self.buckets), "counts": list(self.counts), "sum": self.total}
+
+
+def render(status: Mapping[str, Any]) -> bytes:
+    """The exposition text for one status snapshot (``Agent.status()``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(status))
+    return generate_latest(registry)
+
+
+class _Snapshot(Collector):
+    def __init__(self, status: Mapping[str, Any]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.status
+        ensure, loader, live = st["ensure"], st["loader"], st["live"]
+        outcomes = CounterMetricFamily(
+            "certagent_ensure_requests",
+            "Requests of HAProxy's Lua action (one per connection to a host not marked"
+            " loaded), by outcome",
+            labels=["outcome"],
+        )
+        for key, outcome in _OUTCOMES.items():
+            outcomes.add_metric([outcome], ensure[key])
+        yield outcomes
+        yield _counter(
+            "certagent_store_lookups", "Store lookups for new hosts", ensure["store_lookups"]
+        )
+        yield _counter(
+            "certagent_name_filter_rejections",
+            "Names the Bloom filter of the store's names turned away without a lookup",
+            ensure["filtered"],
+        )
+        yield _counter("certagent_loads", "Certificates loaded into HAProxy", loader["loads"])
+        yield _counter(
+            "certagent_recycles",
+            "Slots recycled (least recently used) for a new host",
+            loader["recycles"],
+        )
+        yield _counter(
+            "certagent_load_failures", "Loads HAProxy refused or failed", loader["failures"]
+        )
+        yield _counter(
+            "certagent_haproxy_reloads", "HAProxy reloads or restarts noticed", ensure["reloads"]
+        )
+        yield _counter("certagent_live_changes", "Store changes applied", live["changes"])
+        yield _counter("certagent_live_rotations", "Certificates swapped in place", live["rotated"])
+        yield _counter(
+            "certagent_live_unloads", "Certificates unloaded on delete", live["unloaded"]
+        )
+        yield _gauge(
+            "certagent_orphans",
+            "Loaded certificates the store no longer has (kept serving)",
+            live["orphans"],
+        )
+        hist = st["load_seconds"]
+        buckets = [
+            (_le(bound), count)
+            for bound, count in zip(
+                [*hist["buckets"], float("inf")], _cumulative(hist["counts"]), strict=True
+            )
+        ]
+        yield HistogramMetricFamily(
+            "certagent_load_duration_seconds",
+            "From the Lua action's request to the new host's certificate loaded, in seconds",
+            buckets=buckets,
+            sum_value=hist["sum"],
+        )
+        yield _gauge(
+            "certagent_slots_used", "Certificate slots in use in HAProxy", st["slots_used"]
+        )
+        yield _gauge("certagent_slots_capacity", "Certificate slots at most", st["capacity"])
+        yield _gauge("certagent_hosts_mapped", "Hosts marked loaded", st["hosts_mapped"])
+        yield _gauge("certagent_loads_waiting", "Loads queued for HAProxy", st["waiting_loads"])
+        yield _gauge("certagent_store_up", "1 if the store answered a ping", int(st["store_up"]))
+        yield _gauge(
+            "certagent_haproxy_up", "1 if HAProxy's runtime socket answered", int(st["haproxy_up"])
+        )
+        expiry = st.get("expiry")
+        if expiry is not None:
+            yield _gauge(
+                "certagent_certificates_expiring",
+                f"Stored certificates expiring within {expiry['window_days']} days (expired ones"
+                " included)",
+                expiry["expiring"],
+            )
+            yield _gauge(
+                "certagent_certificates_expired",
+                "Stored certificates already expired",
+                expiry["expired"],
+            )
+            if expiry["soonest"] is not None:
+                yield _gauge(
+                    "certagent_certificate_soonest_expiry_timestamp_seconds",
+                    "notAfter of the stored certificate that expires first (Unix time)",
+                    expiry["soonest"],
+                )
+        tickets = st.get("tickets")
+        if tickets is not None and tickets.get("rotated_at") is not None:
+            yield _gauge(
+                "certagent_ticket_key_rotated_timestamp_seconds",
+                "When the session-ticket keys last rotated (Unix time)",
+                tickets["rotated_at"],
+            )
+            yield _gauge(
+                "certagent_ticket_key_generation",
+                "Generation of the session-ticket key ring",
+                tickets["generation"],
+            )
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _cumulative(counts: list[int]) -> list[int]:
+    out, running = [], 0
+    for count in counts:
+        running += count
+        out.append(running)
+    return out
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)

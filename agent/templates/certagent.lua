@@ -1,1 +1,0 @@
-../../lua/certagent.lua

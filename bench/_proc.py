@@ -1,0 +1,23 @@
+"""CPU readings from /proc shared by the benches: a process's on-CPU time, the machine's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def schedstat_ns(pid: int) -> int:
+    """On-CPU nanoseconds of every thread of ``pid`` (/proc/<pid>/task/*/schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU of the machine, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)

@@ -1,0 +1,150 @@
+"""``python -m bench.scale [--smoke] [--only S,...]``: run, print JSON, write JSON + Markdown.
+
+Progress goes to stderr, the JSON result to stdout.  Results land in
+``bench/results/<date>-scale[-N].json`` and ``.md``; an existing file is never
+overwritten.  Every process is started through :mod:`certagent.testing` and
+stopped by its PID, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench import _native
+from bench._certs import Leaves
+from bench.cli import fresh_path, git_revision, machine
+from bench.scale import scenarios
+from bench.scale.common import Env, Sizes
+from bench.scale.report import markdown, targets
+from certagent.testing import PKI, RedisFixture, RedisProcess, write_key_file
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = ("hit_ratio", "idle", "idle_ha", "new_host", "storm", "reload", "capacity")
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.scale", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    p.add_argument("--smoke", action="store_true", help="every scenario at tiny sizes (~1 min)")
+    p.add_argument(
+        "--only", default=",".join(SCENARIOS), help=f"comma-separated, of: {', '.join(SCENARIOS)}"
+    )
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="results folder")
+    p.add_argument("--keep-work", action="store_true", help="keep the scratch directory")
+    args = p.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    return args
+
+
+def latest_profiles(out: Path) -> list[str]:
+    """The newest agent and HAProxy profile reports in ``out`` (bench.profile_agent/_load)."""
+    found = []
+    for pattern in ("*-agent-profile*.md", "*-load-profile*.md"):
+        files = sorted(out.glob(pattern))
+        if files:
+            found.append(files[-1].name)
+    return found
+
+
+class _Stop(Exception):
+    pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = Sizes.smoke() if args.smoke else Sizes()
+    only = [s for s in SCENARIOS if s in args.only.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "meta": {
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "revision": git_revision(),
+            "machine": machine(),
+            "smoke": args.smoke,
+            "sizes": sizes.__dict__,
+        }
+    }
+    redis = RedisProcess(work / "redis").start()
+    env: Env | None = None
+    try:
+        store = RedisFixture(redis.url, write_key_file(work / "data.key"))
+        pki = PKI.create(work / "ca.pem")
+        env = Env(work, redis, store, pki, say)
+        leaves = Leaves(pki)
+        built = _native.try_build(work / "native")
+        if built.binary is None:
+            say(f"bench.scale: the storm uses the Python client: {built.reason}")
+        for name in only:
+            say(f"bench.scale: scenario {name} ...")
+            t0 = time.perf_counter()
+            if name == "capacity":
+                result[name] = scenarios.capacity(env, sizes, leaves)
+            elif name == "new_host":
+                rsa = PKI.create(work / "rsa-ca.pem", name="certagent bench RSA CA", key_type="rsa")
+                # one client trusts both roots: the RSA leaves chain to the RSA root
+                both = work / "roots.pem"
+                both.write_bytes(pki.cafile.read_bytes() + rsa.cafile.read_bytes())
+                result[name] = scenarios.new_host(
+                    env, sizes, {"ecdsa": pki, "rsa2048": PKI(rsa.ca, both, "rsa")}
+                )
+            elif name == "storm":
+                result[name] = scenarios.storm_scenario(env, sizes, leaves, built.binary)
+            elif name == "reload":
+                result[name] = scenarios.reload_scenario(env, sizes, leaves)
+            elif name == "idle":
+                result[name] = scenarios.idle_scenario(env, sizes, leaves)
+            elif name == "idle_ha":
+                result[name] = scenarios.idle_ha_scenario(env, sizes, leaves)
+            elif name == "hit_ratio":
+                result[name] = scenarios.hit_ratio(sizes)
+            result[name]["seconds"] = round(time.perf_counter() - t0, 1)
+            redis.flushall()
+    except (_Stop, KeyboardInterrupt) as exc:
+        say(f"bench.scale: stopped ({exc or 'Ctrl-C'})")
+        return 130
+    finally:
+        if env is not None:
+            env.close_all()
+        redis.stop()
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+    result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
+    result["targets"] = targets(result)
+    result["profiles"] = latest_profiles(args.out)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = dt.date.today().isoformat() + ("-scale-smoke" if args.smoke else "-scale")
+    path = fresh_path(args.out, stem, ".json")
+    path.write_text(text + "\n")
+    path.with_suffix(".md").write_text(markdown(result))
+    say(f"bench.scale: wrote {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
