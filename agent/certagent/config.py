@@ -39,6 +39,9 @@ class Settings:
     store: str = "file:///var/lib/certagent/certs"
     # a file whose first line is the store's password (mode 0600), kept out of `store`
     store_password_file: str = ""
+    # a file whose first line is the sentinels' own password (redis+sentinel:// only, when
+    # it is not the data nodes' one: that is ?sentinel_auth=yes in `store`)
+    store_sentinel_password_file: str = ""
     # Redis key prefix (Redis store only)
     redis_prefix: str = "certagent:"
     # HAProxy runtime socket (stats socket ... level admin)

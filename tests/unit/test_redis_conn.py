@@ -94,6 +94,27 @@ def test_sentinel_auth_is_yes_or_no_and_only_for_sentinel() -> None:
     assert parsed.password == "pw" and parsed.url.endswith("/mymaster?sentinel_auth=yes")
 
 
+def test_the_sentinels_own_password_is_kept_apart_and_redacted() -> None:
+    base = "redis+sentinel://:data-pw@h1:26379,h2:26379/mymaster"
+    ha = parse_ha_url(base + "?sentinel_password=s%26pw&sentinel_username=watcher", "x")
+    assert (ha.username, ha.password) == (None, "data-pw")
+    assert (ha.sentinel_username, ha.sentinel_password) == ("watcher", "s&pw")
+    assert ha.sentinel_auth is False
+    # init's view: both passwords out of the URL that goes into certagent.toml
+    parsed = parse_store_url(base + "/0?sentinel_password=s%26pw&sentinel_username=watcher")
+    assert (parsed.password, parsed.sentinel_password) == ("data-pw", "s&pw")
+    assert parsed.url == "redis+sentinel://h1:26379,h2:26379/mymaster/0?sentinel_username=watcher"
+    assert redact_url(base + "?sentinel_password=s%26pw") == (
+        "redis+sentinel://:***@h1:26379,h2:26379/mymaster?sentinel_password=***"
+    )
+    with pytest.raises(ConfigError, match="not both"):
+        parse_store_url(base + "?sentinel_auth=yes&sentinel_password=x")
+    for other in ("redis+cluster://h1:7000", "redis://h1:6379/0"):
+        with pytest.raises(ConfigError, match="for redis\\+sentinel") as caught:
+            parse_store_url(other + "?sentinel_password=hidden")
+        assert "hidden" not in str(caught.value)
+
+
 def test_no_master_is_one_line_that_says_what_to_do() -> None:
     from redis.asyncio.sentinel import MasterNotFoundError
 
@@ -111,6 +132,9 @@ def test_no_master_is_one_line_that_says_what_to_do() -> None:
     assert "add ?sentinel_auth=yes" in text
     refused = pytest.raises(StoreUnavailable, match="refused the store's user and password")
     with refused, redis_errors(plain + "?sentinel_auth=yes", "ping"):
+        raise MasterNotFoundError(said)
+    own = pytest.raises(StoreUnavailable, match="refused their password")
+    with own, redis_errors(plain + "?sentinel_password=***", "ping"):
         raise MasterNotFoundError(said)
     unknown = pytest.raises(StoreUnavailable, match="check the sentinel addresses")
     with unknown, redis_errors(plain, "ping"):

@@ -72,7 +72,10 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         required=True,
         metavar="URL",
-        help="redis://HOST:PORT/DB, or file:///DIR (or a plain directory path)",
+        help="redis://[:PASSWORD@]HOST:PORT/DB,"
+        " redis+sentinel://HOST:PORT[,...]/SERVICE[/DB][?sentinel_password=...],"
+        " redis+cluster://HOST:PORT[,...], or file:///DIR (or a plain directory path);"
+        " passwords go into 0600 files, never into certagent.toml",
     )
     pi.add_argument(
         "--capacity",
@@ -118,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="overwrite haproxy.cfg, certagent.toml and the other files an earlier init wrote"
-        " (never data.key, store.password or default.pem)",
+        " (never data.key, store.password, store-sentinel.password or default.pem)",
     )
     pi.add_argument(
         "--systemd",

@@ -3,9 +3,9 @@
 Every argument is checked before anything is written, so a refused argument
 leaves nothing behind.  Directories are created mode 0700; one that exists is
 left as it is (its mode too).  Files written earlier are not overwritten
-without ``force``, and the secrets never are: the data key, the store
-password, the default certificate.  Secrets (data key, store password) are
-files of mode 0600; the store's password is never written into certagent.toml.
+without ``force``, and the secrets never are: the data key, the store's
+passwords, the default certificate.  Secrets (data key, store and sentinel
+passwords) are files of mode 0600; no password is written into certagent.toml.
 """
 
 from __future__ import annotations
@@ -99,10 +99,12 @@ def init(opts: InitOptions) -> InitResult:
             " overwritten (losing it loses every stored private key): move it away first"
         )
     password_path = directory / "store.password"
+    sentinel_path = directory / "store-sentinel.password"
     tickets_dir = directory / "tickets"  # the agent's: it replaces the keys file atomically
     settings = config.Settings(
         store=store.url,
         store_password_file=str(password_path) if store.password else "",
+        store_sentinel_password_file=str(sentinel_path) if store.sentinel_password else "",
         haproxy_socket=str(run_dir / "admin.sock"),
         haproxy_master_socket=MASTER_SOCKET if opts.systemd else "",
         agent_socket=str(run_dir / "agent.sock"),
@@ -147,8 +149,8 @@ def init(opts: InitOptions) -> InitResult:
         raise ConfigError(
             "these files exist (written by an earlier init, maybe edited since): "
             + ", ".join(str(p) for p in existing)
-            + "; pass --force to overwrite them (data.key, store.password and default.pem"
-            " are never overwritten)"
+            + "; pass --force to overwrite them (data.key, the store's password files and"
+            " default.pem are never overwritten)"
         )
 
     # --- everything checked: write --------------------------------------------------------
@@ -171,6 +173,8 @@ def init(opts: InitOptions) -> InitResult:
     ]
     if store.password:
         once.append((password_path, store.password.encode() + b"\n", 0o600))
+    if store.sentinel_password:
+        once.append((sentinel_path, store.sentinel_password.encode() + b"\n", 0o600))
     if store.kind == "redis":
         line = _key_file_text(ring) if ring is not None else generate_key_line() + "\n"
         once.append((key_path, line.encode(), 0o600))
@@ -190,6 +194,8 @@ def init(opts: InitOptions) -> InitResult:
         )
     if store.password:
         notes.append(f"store password: {password_path} (mode 0600), not in certagent.toml")
+    if store.sentinel_password:
+        notes.append(f"sentinel password: {sentinel_path} (mode 0600), not in certagent.toml")
     return InitResult(settings, written, kept, kid, notes)
 
 

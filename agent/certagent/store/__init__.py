@@ -34,6 +34,7 @@ __all__ = [
     "parse_store_url",
     "read_secret",
     "with_password",
+    "with_sentinel_password",
 ]
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME, CLUSTER_SCHEME)
@@ -50,9 +51,10 @@ class StoreUrl:
     """A store URL taken apart: where, what kind, and its password kept apart."""
 
     kind: Literal["redis", "directory"]
-    url: str  # the URL without its password (safe to write into a 0644 file and to log)
+    url: str  # the URL without its passwords (safe to write into a 0644 file and to log)
     password: str | None
     directory: Path | None = None  # the directory of a directory store
+    sentinel_password: str | None = None  # the sentinels' own (``?sentinel_password=``)
 
 
 def parse_store_url(url: str) -> StoreUrl:
@@ -77,16 +79,28 @@ def parse_store_url(url: str) -> StoreUrl:
         password = parts.password
         query = parse_qsl(parts.query, keep_blank_values=True)
         password = password or next((v for k, v in query if k.lower() == "password"), None)
+        sentinel = next((v for k, v in query if k.lower() == "sentinel_password"), None)
         netloc = parts.netloc.rpartition("@")[2]
         if parts.username:
             netloc = f"{parts.username}@{netloc}"
-        clean_query = urlencode([(k, v) for k, v in query if k.lower() != "password"])
+        secret = ("password", "sentinel_password")
+        clean_query = urlencode([(k, v) for k, v in query if k.lower() not in secret])
         clean = f"{parts.scheme}://{netloc}{parts.path}"
         if clean_query:
             clean += f"?{clean_query}"
         if scheme in (SENTINEL_SCHEME, CLUSTER_SCHEME):
-            parse_ha_url(clean, clean)  # ConfigError if the nodes or the service are wrong
-        return StoreUrl("redis", clean, unquote(password) if password else None)
+            # ConfigError if the nodes, the service or the sentinels' credentials are wrong
+            parse_ha_url(with_sentinel_password(clean, sentinel) if sentinel else clean, clean)
+        elif sentinel is not None:
+            raise ConfigError(
+                f"store URL {redact_url(url)!r}: sentinel_password is for redis+sentinel:// URLs"
+            )
+        return StoreUrl(
+            "redis",
+            clean,
+            unquote(password) if password else None,
+            sentinel_password=sentinel or None,
+        )
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise ConfigError(
@@ -110,6 +124,12 @@ def with_password(url: str, password: str) -> str:
     host = parts.netloc.rpartition("@")[2]
     rest = parts.path + (f"?{parts.query}" if parts.query else "")
     return f"{parts.scheme}://{user}:{quote(password, safe='')}@{host}{rest}"
+
+
+def with_sentinel_password(url: str, password: str) -> str:
+    """``url`` (a ``redis+sentinel://`` URL) with the sentinels' own ``password`` added."""
+    glue = "&" if urlsplit(url).query else "?"
+    return f"{url}{glue}{urlencode({'sentinel_password': password})}"
 
 
 def open_store(
@@ -147,6 +167,13 @@ def open_configured(settings: Settings) -> Store:
     url = settings.store
     if settings.store_password_file:
         url = with_password(url, read_secret(settings.store_password_file, "store password"))
+    if settings.store_sentinel_password_file:
+        if not url.lower().startswith(f"{SENTINEL_SCHEME}://"):
+            raise ConfigError(
+                "store_sentinel_password_file is for a redis+sentinel:// store; remove it"
+            )
+        secret = read_secret(settings.store_sentinel_password_file, "sentinel password")
+        url = with_sentinel_password(url, secret)
     store = open_store(
         url,
         redis_prefix=settings.redis_prefix,

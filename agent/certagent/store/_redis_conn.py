@@ -12,7 +12,9 @@ Three kinds of Redis, all through redis-py's own support:
 
 The credentials are the data nodes'.  Sentinels are asked without a password,
 unless the URL says ``?sentinel_auth=yes``: then with the same user and password
-(Sentinel's ``requirepass``, set like the data nodes' one).
+(Sentinel's ``requirepass``, set like the data nodes' one), or it carries the
+sentinels' own: ``?sentinel_password=...`` (and ``sentinel_username=...``), which
+:func:`certagent.store.open_configured` adds from ``store_sentinel_password_file``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class HaUrl:
     username: str | None
     password: str | None
     sentinel_auth: bool = False  # the sentinels want the same credentials
+    sentinel_username: str | None = None  # the sentinels' own credentials
+    sentinel_password: str | None = None
 
 
 def parse_ha_url(url: str, shown: str) -> HaUrl:
@@ -90,8 +94,19 @@ def parse_ha_url(url: str, shown: str) -> HaUrl:
     auth = query.get("sentinel_auth", "no").lower()
     if auth not in ("yes", "no"):
         raise ConfigError(f"store URL {shown!r}: sentinel_auth is yes or no, not {auth[:20]!r}")
-    if auth == "yes" and scheme != SENTINEL_SCHEME:
-        raise ConfigError(f"store URL {shown!r}: sentinel_auth is for redis+sentinel:// URLs")
+    sentinel_username = query.get("sentinel_username") or None
+    sentinel_password = query.get("sentinel_password") or None
+    own = sentinel_username is not None or sentinel_password is not None
+    if (auth == "yes" or own) and scheme != SENTINEL_SCHEME:
+        raise ConfigError(
+            f"store URL {shown!r}: sentinel_auth, sentinel_username and sentinel_password"
+            " are for redis+sentinel:// URLs"
+        )
+    if auth == "yes" and own:
+        raise ConfigError(
+            f"store URL {shown!r}: give either sentinel_auth=yes (the data nodes' credentials)"
+            " or the sentinels' own (sentinel_password_file), not both"
+        )
     if scheme == SENTINEL_SCHEME:
         if not path or len(path) > 2 or not _SERVICE.match(path[0]):
             raise ConfigError(
@@ -120,6 +135,8 @@ def parse_ha_url(url: str, shown: str) -> HaUrl:
         unquote(username) if username else None,
         unquote(password) if password else None,
         sentinel_auth=auth == "yes",
+        sentinel_username=sentinel_username,
+        sentinel_password=sentinel_password,
     )
 
 
@@ -157,9 +174,14 @@ def connect(
         asked: dict[str, object] = {
             "socket_timeout": connect_timeout,
             "socket_connect_timeout": connect_timeout,
+            # redis-py's default retries a sentinel 3 times with 1-10 s backoff (about 7 s
+            # for one that is down or refuses the password) before asking the next one
+            "retry": Retry(NoBackoff(), 1),
         }
         if ha.sentinel_auth:
             asked.update(username=ha.username, password=ha.password)
+        elif ha.sentinel_password is not None or ha.sentinel_username is not None:
+            asked.update(username=ha.sentinel_username, password=ha.sentinel_password)
         sentinel = Sentinel(list(ha.nodes), sentinel_kwargs=asked)  # type: ignore[no-untyped-call]
         client: redis.asyncio.Redis = sentinel.master_for(
             ha.service,
@@ -252,9 +274,12 @@ def _no_master(exc: MasterNotFoundError, shown: str) -> str:
         hint = "; check the sentinel addresses and the service name (SENTINEL MASTERS)"
     elif "sentinel_auth=yes" in shown:
         hint = "; the sentinels refused the store's user and password: check them"
+    elif "sentinel_password=" in shown:
+        hint = "; the sentinels refused their password (store_sentinel_password_file): check it"
     else:
         hint = (
             "; the sentinels want a password: add ?sentinel_auth=yes to the store URL"
-            " (the data nodes' user and password are then sent to them too)"
+            " (the data nodes' user and password are then sent to them too), or set"
+            " store_sentinel_password_file to a file holding theirs"
         )
     return f"no sentinel named a master{named} (answers: {said or 'none'}){hint}"

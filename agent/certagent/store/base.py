@@ -327,8 +327,11 @@ def ocsp_mismatch(der: bytes, bundle: CertBundle) -> str | None:
     return None
 
 
+_SECRET_PARAMS = ("password", "sentinel_password")
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password (userinfo or ``?password=``) replaced by ``***``."""
+    """``url`` with any password (userinfo, ``?password=``, ``?sentinel_password=``) as ``***``."""
     parts = urlsplit(url)
     netloc = parts.netloc
     if parts.password is not None:
@@ -339,7 +342,7 @@ def redact_url(url: str) -> str:
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
         query = urlencode(
-            [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*"
+            [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*"
         )
     # Not urlunsplit: it turns "unix:///path" into "unix:/path".
     redacted = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc + parts.path

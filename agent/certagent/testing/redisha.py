@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
+from urllib.parse import quote, urlencode
 
 import redis
 
@@ -154,17 +155,21 @@ class SentinelSet:
         down_after_ms: int = 1000,
         failover_ms: int = 3000,
         password: str | None = None,
+        sentinel_password: str | None = None,
     ):
-        """``password``: ``requirepass`` on every process, sentinels included."""
+        """``password``: ``requirepass`` on every process, the sentinels too unless they
+        have ``sentinel_password`` of their own."""
         self.workdir = workdir
         self.service = SERVICE
         self.password = password
+        self.sentinel_password = sentinel_password
         self._timing = (down_after_ms, failover_ms)
         self._allocate()
 
     def _allocate(self) -> None:
         """Nodes on fresh free ports (again after a port was taken before its node bound it)."""
         workdir, password = self.workdir, self.password
+        sentinel_password = self.sentinel_password or password
         down_after_ms, failover_ms = self._timing
         master_port = free_port()
         auth = [f"masterauth {password}"] if password else []
@@ -188,7 +193,7 @@ class SentinelSet:
                     f"sentinel parallel-syncs {SERVICE} 1",
                     *([f"sentinel auth-pass {SERVICE} {password}"] if password else []),
                 ],
-                password,
+                sentinel_password,
             )
             for i in range(3)
         ]
@@ -200,9 +205,11 @@ class SentinelSet:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        if self.password:
-            return f"redis+sentinel://:{self.password}@{hosts}/{self.service}/0?sentinel_auth=yes"
-        return f"redis+sentinel://{hosts}/{self.service}/0"
+        userinfo = f":{quote(self.password, safe='')}@" if self.password else ""
+        url = f"redis+sentinel://{userinfo}{hosts}/{self.service}/0"
+        if self.sentinel_password:
+            return f"{url}?{urlencode({'sentinel_password': self.sentinel_password})}"
+        return f"{url}?sentinel_auth=yes" if self.password else url
 
     def start(self, timeout: float = 20.0) -> SentinelSet:
         return _with_fresh_ports(self, self._start, timeout)
