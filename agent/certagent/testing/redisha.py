@@ -302,11 +302,16 @@ class SentinelSet:
 
 
 class ClusterSet:
-    """A Redis Cluster of ``masters`` masters (no replicas) on loopback."""
+    """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on loopback.
 
-    def __init__(self, workdir: Path, *, masters: int = 3) -> None:
+    ``nodes`` lists the masters first, then the replicas (``replicas`` per master,
+    in the masters' order); roles change across a failover, so ask :meth:`masters_now`.
+    """
+
+    def __init__(self, workdir: Path, *, masters: int = 3, replicas: int = 0) -> None:
         self.workdir = workdir
         self.masters = masters
+        self.replicas = replicas
         self._allocate()
 
     def _allocate(self) -> None:
@@ -314,7 +319,7 @@ class ClusterSet:
         workdir = self.workdir
         self.nodes: list[RedisNode] = []
         self.bus_ports: list[int] = []
-        for i in range(self.masters):
+        for i in range(self.masters * (1 + self.replicas)):
             port = free_port()
             self.bus_ports.append(free_port())
             self.nodes.append(
@@ -345,19 +350,36 @@ class ClusterSet:
                 node.start()
             for node in self.nodes:
                 node.wait_ping()
-            share = _SLOTS // len(self.nodes)
-            for i, node in enumerate(self.nodes):
-                last = _SLOTS - 1 if i == len(self.nodes) - 1 else (i + 1) * share - 1
+            masters = self.nodes[: self.masters]
+            share = _SLOTS // len(masters)
+            for i, node in enumerate(masters):
+                last = _SLOTS - 1 if i == len(masters) - 1 else (i + 1) * share - 1
                 with node.client() as client:
                     client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
             with self.nodes[0].client() as client:
                 for other, bus in zip(self.nodes[1:], self.bus_ports[1:], strict=True):
                     client.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, bus)
+            if self.replicas:
+                wait_for(self._all_known, timeout, "every node to know the others", interval=0.05)
+                for i, replica in enumerate(self.nodes[self.masters :]):
+                    with masters[i // self.replicas].client() as client:
+                        master_id = client.execute_command("CLUSTER", "MYID").decode()
+                    with replica.client() as client:
+                        client.execute_command("CLUSTER", "REPLICATE", master_id)
             wait_for(self._ready, timeout, "the cluster to be ok on every node", interval=0.05)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _all_known(self) -> bool:
+        for node in self.nodes:
+            node.check_alive()
+            with node.client() as client:
+                nodes = client.execute_command("CLUSTER", "NODES").decode().splitlines()
+            if len(nodes) != len(self.nodes) or any("handshake" in line for line in nodes):
+                return False
+        return True
 
     def _ready(self) -> bool:
         for node in self.nodes:
@@ -365,26 +387,76 @@ class ClusterSet:
             with node.client() as client:
                 info = client.execute_command("CLUSTER", "INFO").decode()
                 known = len(client.execute_command("CLUSTER", "NODES").decode().splitlines())
+                if node in self.nodes[self.masters :]:
+                    link = client.info("replication").get("master_link_status")
+                    if link != "up":
+                        return False
             if "cluster_state:ok" not in info or known != len(self.nodes):
                 return False
         return True
 
+    def masters_now(self) -> list[RedisNode]:
+        """The running nodes that are masters now."""
+        found = []
+        for node in self.nodes:
+            if node.running:
+                with node.client() as client:
+                    if client.info("replication").get("role") == "master":
+                        found.append(node)
+        return found
+
+    def owner_of(self, key: str) -> RedisNode:
+        """The master that serves ``key``'s slot now, as the first running master sees it."""
+        with self.masters_now()[0].client() as client:
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+            shards = client.execute_command("CLUSTER", "SLOTS")
+        for first, last, master, *_ in shards:
+            if int(first) <= slot <= int(last):
+                return next(n for n in self.nodes if n.port == int(master[1]))
+        raise RuntimeError(f"no master serves the slot of {key!r}")
+
+    def wait_replicated(self, timeout: float = 5.0) -> None:
+        """Every master's writes are on its replicas (WAIT on each master)."""
+        if not self.replicas:
+            return
+        for node in self.masters_now():
+            with node.client(timeout + 1) as client:
+                got = client.execute_command("WAIT", self.replicas, int(timeout * 1000))
+            if int(got) < self.replicas:
+                raise RuntimeError(f"{node.name}: {got} of {self.replicas} replicas in sync")
+
     def kill_master(self, index: int = 0) -> RedisNode:
-        """SIGKILL master ``index`` by its PID (no replica takes over: its slots go down)."""
+        """SIGKILL node ``index`` by its PID: a replica of it takes over its slots after the
+        node timeout (2 s); without replicas its slots go down."""
         node = self.nodes[index]
         node.kill()
         return node
 
+    def wait_promoted(self, old: RedisNode, timeout: float = 20.0) -> RedisNode:
+        """A replica of ``old`` once it is a master and the cluster is ok again."""
+
+        def promoted() -> RedisNode | None:
+            for node in self.masters_now():
+                if node in self.nodes[self.masters :]:
+                    with node.client() as client:
+                        info = client.execute_command("CLUSTER", "INFO").decode()
+                    if "cluster_state:ok" in info:
+                        return node
+            return None
+
+        found: RedisNode = wait_for(promoted, timeout, f"a replica of {old.name} promoted")
+        return found
+
     def all_keys(self) -> list[bytes]:
-        """Every key on every node (small test data sets only)."""
+        """Every key on every master (small test data sets only)."""
         found: list[bytes] = []
-        for node in self.nodes:
+        for node in self.masters_now():
             with node.client() as client:
                 found += client.keys("*")
         return found
 
     def flushall(self) -> None:
-        for node in self.nodes:
+        for node in self.masters_now():  # replicas refuse writes; they follow
             with node.client(5.0) as client:
                 client.flushall()
 

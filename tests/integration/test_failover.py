@@ -1,10 +1,13 @@
-"""A Sentinel failover under load: the master killed by PID while clients keep connecting.
+"""A store failover under load: a master killed by PID while clients keep connecting.
 
 Two nodes (HAProxy + agent) on a ``redis+sentinel://`` store (1 master, 1
-replica, 3 sentinels, a master noticed down after 1 s).  One client loops over
-hosts loaded before the failover, another asks for a host never asked before
-every 0.1 s.  Loaded hosts must be served on every connection; new hosts
-again within 10 s of the promotion; and the promoted replica holds every record.
+replica, 3 sentinels, a master noticed down after 1 s), or on a
+``redis+cluster://`` store (3 masters with a replica each, node timeout 2 s; the
+master killed is the one holding ``{global}``: the change feed and the record
+index).  One client loops over hosts loaded before the failover, another asks
+for a host never asked before every 0.1 s.  Loaded hosts must be served on every
+connection; new hosts again within 10 s of the promotion; the promoted replica
+holds every record, and the change feed follows it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from certagent.testing import PKI, RedisFixture, wait_for
-from certagent.testing.redisha import SentinelSet
+from certagent.testing.redisha import ClusterSet, RedisNode, SentinelSet
 from tests.integration.conftest import StackFactory
 
 pytestmark = pytest.mark.integration
@@ -27,22 +30,56 @@ LOADED = 20
 NEW = 300
 
 
-def test_a_sentinel_failover_loses_no_certificate_and_no_loaded_host(
-    make_stack: StackFactory, key_file: Path, pki: PKI, tmp_path: Path
+class _Sentinel:
+    def __init__(self, workdir: Path) -> None:
+        self.set = SentinelSet(workdir).start()
+        self.url = self.set.url
+        self.flushall = self.set.flushall
+        self.wait_replicated = self.set.wait_replicated
+        self.stop = self.set.stop
+
+    def kill(self) -> RedisNode:
+        return self.set.kill_master()
+
+    def wait_promoted(self, old: RedisNode) -> RedisNode:
+        return self.set.wait_promoted(old, timeout=20)
+
+
+class _Cluster:
+    def __init__(self, workdir: Path) -> None:
+        self.set = ClusterSet(workdir, masters=3, replicas=1).start()
+        self.url = self.set.url
+        self.flushall = self.set.flushall
+        self.wait_replicated = self.set.wait_replicated
+        self.stop = self.set.stop
+
+    def kill(self) -> RedisNode:
+        old = self.set.owner_of("{global}")  # the change feed, the record index
+        return self.set.kill_master(self.set.nodes.index(old))
+
+    def wait_promoted(self, old: RedisNode) -> RedisNode:
+        return self.set.wait_promoted(old, timeout=20)
+
+
+@pytest.mark.parametrize("kind", [_Sentinel, _Cluster], ids=["sentinel", "cluster"])
+def test_a_failover_loses_no_certificate_and_no_loaded_host(
+    make_stack: StackFactory,
+    key_file: Path,
+    pki: PKI,
+    tmp_path: Path,
+    kind: type[_Sentinel | _Cluster],
 ) -> None:
-    sentinels = SentinelSet(tmp_path / "sentinel").start()
+    ha = kind(tmp_path / "ha")
     try:
-        store = RedisFixture(sentinels.url, key_file, flusher=sentinels.flushall)
+        store = RedisFixture(ha.url, key_file, flusher=ha.flushall)
         loaded = [f"l{i}.failover.test" for i in range(LOADED)]
         new = [f"n{i}.failover.test" for i in range(NEW)]
         assert store.put(pki.bundle(h) for h in [*loaded, *new]) == LOADED + NEW
-        sentinels.wait_replicated()  # WAIT 1: the replica has every record
+        ha.wait_replicated()  # WAIT: the replicas have every record
         before = _count(store)
         assert before == LOADED + NEW
 
-        nodes = [
-            make_stack(sentinels.url, capacity=500, env={"CERTAGENT_HOLD": "2"}) for _ in range(2)
-        ]
+        nodes = [make_stack(ha.url, capacity=500, env={"CERTAGENT_HOLD": "2"}) for _ in range(2)]
         for node in nodes:
             for host in loaded:
                 assert node.handshake(host).san == (host,)
@@ -83,8 +120,8 @@ def test_a_sentinel_failover_loses_no_certificate_and_no_loaded_host(
             t.start()
         time.sleep(1.5)
         killed_at = time.monotonic()
-        old = sentinels.kill_master()
-        promoted = sentinels.wait_promoted(old, timeout=20)
+        old = ha.kill()
+        promoted = ha.wait_promoted(old)
         promoted_at = time.monotonic()
         # keep going until new hosts have been served for 2 s after the promotion
         deadline = promoted_at + 15
@@ -161,7 +198,7 @@ def test_a_sentinel_failover_loses_no_certificate_and_no_loaded_host(
             node.check_alive()
             assert "crashed" not in node.agent_log()
     finally:
-        sentinels.stop()
+        ha.stop()
 
 
 async def _rotate(store: RedisFixture, host: str, pki: PKI) -> None:
