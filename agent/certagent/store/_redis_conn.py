@@ -105,7 +105,7 @@ def parse_ha_url(url: str, shown: str) -> HaUrl:
     if auth == "yes" and own:
         raise ConfigError(
             f"store URL {shown!r}: give either sentinel_auth=yes (the data nodes' credentials)"
-            " or the sentinels' own (sentinel_password_file), not both"
+            " or the sentinels' own (store_sentinel_password_file), not both"
         )
     if scheme == SENTINEL_SCHEME:
         if not path or len(path) > 2 or not _SERVICE.match(path[0]):
