@@ -11,5 +11,8 @@ processes on loopback, every figure the median of repeats with its spread:
 * ``storm``: 1,000 never-seen hosts within 1 s at capacity 500;
 * ``reload``: an HAProxy reload under steady traffic over 2,000 hot hosts;
 * ``idle``: agent + HAProxy worker (+ Redis) CPU per second at rest;
+* ``idle_ha``: the same on a Sentinel-watched Redis and on a Redis Cluster;
+* ``store_kinds``: the capacity scenario's recycles at one K on one Redis, on
+  Sentinel and on Cluster, every store process counted, as ratios to one Redis;
 * ``hit_ratio``: the sampled victim choice against exact LRU, simulated.
 """

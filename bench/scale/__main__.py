@@ -24,13 +24,22 @@ from typing import Any
 from bench import _native
 from bench._certs import Leaves
 from bench.cli import fresh_path, git_revision, machine
-from bench.scale import scenarios
+from bench.scale import recycles, scenarios
 from bench.scale.common import Env, Sizes
 from bench.scale.report import markdown, targets
 from certagent.testing import PKI, RedisFixture, RedisProcess, write_key_file
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = ("hit_ratio", "idle", "idle_ha", "new_host", "storm", "reload", "capacity")
+SCENARIOS = (
+    "hit_ratio",
+    "idle",
+    "idle_ha",
+    "store_kinds",
+    "new_host",
+    "storm",
+    "reload",
+    "capacity",
+)
 
 
 def say(msg: str) -> None:
@@ -102,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"bench.scale: scenario {name} ...")
             t0 = time.perf_counter()
             if name == "capacity":
-                result[name] = scenarios.capacity(env, sizes, leaves)
+                result[name] = recycles.capacity(env, sizes, leaves)
             elif name == "new_host":
                 rsa = PKI.create(work / "rsa-ca.pem", name="certagent bench RSA CA", key_type="rsa")
                 # one client trusts both roots: the RSA leaves chain to the RSA root
@@ -119,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result[name] = scenarios.idle_scenario(env, sizes, leaves)
             elif name == "idle_ha":
                 result[name] = scenarios.idle_ha_scenario(env, sizes, leaves)
+            elif name == "store_kinds":
+                result[name] = recycles.store_kinds(env, sizes, leaves)
             elif name == "hit_ratio":
                 result[name] = scenarios.hit_ratio(sizes)
             result[name]["seconds"] = round(time.perf_counter() - t0, 1)

@@ -39,6 +39,7 @@ class Sizes:
     idle_loaded: int = 1_000
     idle_seconds: float = 10.0
     idle_ha_loaded: int = 200
+    kinds_capacity: int = 1_000
     sim_hosts: int = 20_000
     sim_capacity: int = 1_000
     sim_requests: int = 200_000
@@ -58,6 +59,7 @@ class Sizes:
             idle_loaded=50,
             idle_seconds=2.0,
             idle_ha_loaded=20,
+            kinds_capacity=100,
             sim_hosts=2_000,
             sim_capacity=100,
             sim_requests=10_000,
@@ -94,6 +96,16 @@ class Cpu:
 
 def memory_mb(pids: dict[str, int]) -> dict[str, float]:
     return {name: round(rss_kb(pid) / 1024, 1) for name, pid in pids.items()}
+
+
+def host(kind: str, i: int) -> str:
+    """The ``i``-th bench host name of a kind: ``k000042.scale.test``."""
+    return f"{kind}{i:06d}.scale.test"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` to 2 digits; None without both."""
+    return round(a / b, 2) if a is not None and b else None
 
 
 def spread(values: Sequence[float], digits: int = 3) -> dict[str, Any]:

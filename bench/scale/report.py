@@ -148,11 +148,39 @@ def markdown(result: dict[str, Any]) -> str:
                 f" | {_med(row['cold_added_ms_p50'])} / {_med(row['cold_added_ms_p99'])}"
                 f" | {mem['haproxy']} / {mem['agent']} / {mem['redis']} |"
             )
+    lines += _store_kinds(result.get("store_kinds"))
     lines += _profiles(result)
     for name in ("new_host", "storm", "reload", "idle", "idle_ha", "hit_ratio"):
         if name in result:
             lines += ["", f"## {name}", "", "```json", _compact(result[name]), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _store_kinds(kinds: dict[str, Any] | None) -> list[str]:
+    """The same recycles on one Redis, Sentinel and Cluster, with ratios to one Redis."""
+    if not kinds:
+        return []
+    lines = [
+        "",
+        f"## Store kinds: one recycle at K = {kinds['k']:,}",
+        "",
+        "Store CPU counts every store process (master, replica and sentinels; every cluster"
+        " node), less their background rate measured while warm hosts were served.",
+        "",
+        "| store | agent ms/recycle | store ms/recycle | HAProxy ms/recycle |"
+        " cold added p50 / p99 ms | x one Redis (agent, store, p50) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind, row in kinds["rows"].items():
+        ratio = kinds["ratio_to_redis"].get(kind)
+        times = "-" if ratio is None else " / ".join(f"x{v}" for v in ratio.values())
+        lines.append(
+            f"| {kind} | {_range(row['agent_ms_per_recycle'])}"
+            f" | {_range(row['store_ms_per_recycle'])}"
+            f" | {_range(row['haproxy_ms_per_recycle'])}"
+            f" | {_med(row['cold_added_ms_p50'])} / {_med(row['cold_added_ms_p99'])} | {times} |"
+        )
+    return lines
 
 
 def _profiles(result: dict[str, Any]) -> list[str]:

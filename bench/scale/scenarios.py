@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-import statistics
 import threading
 import time
 from collections import OrderedDict
@@ -22,10 +21,11 @@ from bench.scale.common import (
     Outcomes,
     Sizes,
     ensure_many,
+    host,
     latency_ms,
     marked,
-    memory_mb,
     own_key_bundles,
+    ratio,
     shared_key_bundles,
     spread,
     try_handshake,
@@ -34,122 +34,6 @@ from certagent.runtime.pool import Slot, SlotPool
 from certagent.runtime.usage import HostUsage, VictimChooser
 from certagent.testing import PKI, RedisFixture, Stack, wait_for
 from certagent.testing.redisha import ClusterSet, RedisNode, SentinelSet
-
-
-def host(kind: str, i: int) -> str:
-    return f"{kind}{i:06d}.scale.test"
-
-
-# --- capacity: a recycle at K = 1k, 10k, 100k ---------------------------------------------------
-
-
-def capacity(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
-    """Fill K slots, then cold hosts that each recycle one: CPU, latency, memory per K."""
-    biggest = max(sizes.capacities)
-    fill = [host("k", i) for i in range(biggest)]
-    cold = [host("c", i) for i in range(sizes.recycles * sizes.repeats)]
-    env.say(f"bench.scale: capacity: storing {len(fill) + len(cold):,} certificates")
-    started = time.perf_counter()
-    env.store.put(shared_key_bundles(leaves, [*fill, *cold]), concurrency=64)
-    stored_s = time.perf_counter() - started
-    rows = []
-    for k in sizes.capacities:
-        rows.append(_capacity_row(env, sizes, k, fill[:k], cold))
-    first, last = rows[0], rows[-1]
-    return {
-        "stored": len(fill) + len(cold),
-        "store_fill_s": round(stored_s, 1),
-        "rows": rows,
-        "ratio_last_first": {
-            key: _ratio(last[key]["median"], first[key]["median"])
-            for key in (
-                "agent_ms_per_recycle",
-                "haproxy_ms_per_recycle",
-                "haproxy_ms_per_cold_host",
-            )
-        },
-    }
-
-
-def _capacity_row(
-    env: Env, sizes: Sizes, k: int, fill: Sequence[str], cold: Sequence[str]
-) -> dict[str, Any]:
-    stack = env.stack(f"capacity-{k}", capacity=k)
-    try:
-        env.say(f"bench.scale: capacity K={k:,}: filling the slots")
-        started = time.perf_counter()
-        answers = asyncio.run(ensure_many(stack.settings.agent_socket, fill))
-        fill_s = time.perf_counter() - started
-        if answers.get("ok") != len(fill):
-            raise RuntimeError(f"filling K={k} answered {answers}")
-        pids = env.pids(stack)
-        ctx = env.ctx
-        warm = list(fill[:50])
-        for h in warm:  # used: not the one-off hosts a recycle takes first
-            try_handshake(stack.port, h, ctx)
-            try_handshake(stack.port, h, ctx)
-        agent_ms, haproxy_ms, cold_host_ms, warm_hs_ms, added_p50, added_p99 = (
-            [] for _ in range(6)
-        )
-        outcomes = Outcomes()
-        for r in range(sizes.repeats):
-            batch = cold[r * sizes.recycles : (r + 1) * sizes.recycles]
-            before = stack.status()["loader"]["recycles"]
-            cpu = Cpu(pids).start()
-            cold_s = []
-            for h in batch:
-                result = try_handshake(stack.port, h, ctx)
-                outcomes.note(h, result)
-                if isinstance(result, float):
-                    cold_s.append(result)
-            cpu.stop()
-            recycled = stack.status()["loader"]["recycles"] - before
-            wcpu = Cpu(pids).start()
-            warm_s = []
-            for i in range(len(batch)):
-                result = try_handshake(stack.port, warm[i % len(warm)], ctx)
-                if isinstance(result, float):
-                    warm_s.append(result)
-            wcpu.stop()
-            n = max(1, len(batch))
-            warm_haproxy = wcpu.ms["haproxy"] / n
-            cold_host_ms.append(cpu.ms["haproxy"] / n)
-            haproxy_ms.append(cpu.ms["haproxy"] / n - warm_haproxy)
-            agent_ms.append(cpu.ms["agent"] / n)
-            warm_hs_ms.append(warm_haproxy)
-            base = statistics.median(warm_s) if warm_s else float("nan")
-            added = sorted(s - base for s in cold_s)
-            added_p50.append(latency_ms(added)["p50"])
-            added_p99.append(latency_ms(added)["p99"])
-            if recycled < len(batch):
-                env.say(f"bench.scale: K={k}: only {recycled} of {len(batch)} loads recycled")
-        row = {
-            "k": k,
-            "fill_s": round(fill_s, 1),
-            "fill_loads_per_s": round(len(fill) / fill_s),
-            "agent_ms_per_recycle": spread(agent_ms),
-            "haproxy_ms_per_recycle": spread(haproxy_ms),
-            "haproxy_ms_per_cold_host": spread(cold_host_ms),
-            "haproxy_ms_per_warm_handshake": spread(warm_hs_ms),
-            "cold_added_ms_p50": spread(added_p50),
-            "cold_added_ms_p99": spread(added_p99),
-            "handshakes": {
-                "ok": outcomes.ok,
-                "default_cert": outcomes.default_cert,
-                "failed": outcomes.failed,
-                "errors": outcomes.errors,
-            },
-            "memory_mb": memory_mb(pids),
-        }
-        env.say(f"bench.scale: capacity K={k:,}: {row}")
-        return row
-    finally:
-        env.close(stack)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a is not None and b else None
-
 
 # --- new_host: ECDSA and RSA-2048, a key per leaf -----------------------------------------------
 
@@ -251,7 +135,7 @@ def storm_scenario(env: Env, sizes: Sizes, leaves: Leaves, native: Any) -> dict[
                     "latency_ms": latency_ms(res.latencies),
                     "warm_idle_p99_ms": latency_ms(idle)["p99"],
                     "warm_during_p99_ms": latency_ms(during)["p99"],
-                    "warm_p99_ratio": _ratio(latency_ms(during)["p99"], latency_ms(idle)["p99"]),
+                    "warm_p99_ratio": ratio(latency_ms(during)["p99"], latency_ms(idle)["p99"]),
                     "busy": status["ensure"]["busy"],
                     "recycles": status["loader"]["recycles"],
                     # CPU while the storm ran: the server's processes, and the whole machine
@@ -471,7 +355,7 @@ def idle_ha_scenario(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
 # --- hit ratio: sampled victims against exact LRU, simulated --------------------------------
 
 
-def hit_ratio(sizes: Sizes) -> dict[str, Any]:
+def hitratio(sizes: Sizes) -> dict[str, Any]:
     """Hit ratios on synthetic traces: exact LRU and the agent's sampled choice (pure code)."""
     rng = random.Random(7)
     hosts = sizes.sim_hosts

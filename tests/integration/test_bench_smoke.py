@@ -93,15 +93,21 @@ def test_scale_bench_smoke_runs_every_scenario_and_never_overwrites(tmp_path: Pa
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=240,  # every scenario; Sentinel and Cluster sets start twice
             check=False,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout))
     result = runs[0]
-    assert {"capacity", "new_host", "storm", "reload", "idle", "idle_ha", "hit_ratio"} <= set(
-        result
-    )
+    assert {"capacity", "new_host", "storm", "reload", "idle", "idle_ha", "store_kinds",
+            "hit_ratio"} <= set(result)  # fmt: skip
+    kinds = result["store_kinds"]
+    assert set(kinds["rows"]) == {"redis", "sentinel", "cluster"}
+    for kind, row in kinds["rows"].items():
+        assert row["handshakes"]["ok"] == result["meta"]["sizes"]["recycles"] * 2, kind
+        assert len(row["store_ms_per_recycle"]["runs"]) == 2
+    assert len(kinds["rows"]["sentinel"]["store_processes"]) == 5  # 2 Redis + 3 sentinels
+    assert kinds["ratio_to_redis"]["cluster"]["agent_ms_per_recycle"] is not None
     for kind in ("sentinel", "cluster"):
         ha = result["idle_ha"][kind]
         assert len(ha["agent_plus_haproxy_ms_per_s"]["runs"]) == 2
