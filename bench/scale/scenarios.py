@@ -355,7 +355,7 @@ def idle_ha_scenario(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
 # --- hit ratio: sampled victims against exact LRU, simulated --------------------------------
 
 
-def hitratio(sizes: Sizes) -> dict[str, Any]:
+def hit_ratio(sizes: Sizes) -> dict[str, Any]:
     """Hit ratios on synthetic traces: exact LRU and the agent's sampled choice (pure code)."""
     rng = random.Random(7)
     hosts = sizes.sim_hosts
