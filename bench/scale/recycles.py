@@ -30,7 +30,7 @@ from bench.scale.common import (
     try_handshake,
 )
 from certagent.testing import RedisFixture
-from certagent.testing.redisha import ClusterSet, RedisNode, SentinelSet
+from certagent.testing.redisha import ClusterSet, SentinelSet
 
 # --- capacity: a recycle at K = 1k, 10k, 100k ---------------------------------------------------
 
@@ -210,13 +210,13 @@ def store_kinds(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
         runs: dict[str, _Recycles] = {}
         stack.callback(lambda: [run.close() for run in runs.values()])
         runs["redis"] = _Recycles(env, k, fill, "kinds-redis")
-        kinds: tuple[tuple[str, SentinelSet | ClusterSet, list[RedisNode]], ...] = (
-            ("sentinel", sentinels, [*sentinels.nodes, *sentinels.sentinels]),
-            ("cluster", cluster, cluster.nodes),
+        kinds: tuple[tuple[str, SentinelSet | ClusterSet], ...] = (
+            ("sentinel", sentinels),
+            ("cluster", cluster),
         )
-        for kind, ha, nodes in kinds:
+        for kind, ha in kinds:
             RedisFixture(ha.url, env.store.key_file).put(bundles, concurrency=64)
-            store = (ha.url, {n.name: n.pid for n in nodes})
+            store = (ha.url, {n.name: n.pid for n in ha.processes})
             runs[kind] = _Recycles(env, k, fill, f"kinds-{kind}", store)
         for r in range(sizes.repeats):
             batch = cold[r * sizes.recycles : (r + 1) * sizes.recycles]

@@ -33,7 +33,7 @@ from bench.scale.common import (
 from certagent.runtime.pool import Slot, SlotPool
 from certagent.runtime.usage import HostUsage, VictimChooser
 from certagent.testing import PKI, RedisFixture, Stack, wait_for
-from certagent.testing.redisha import ClusterSet, RedisNode, SentinelSet
+from certagent.testing.redisha import ClusterSet, SentinelSet
 
 # --- new_host: ECDSA and RSA-2048, a key per leaf -----------------------------------------------
 
@@ -283,14 +283,7 @@ def idle_scenario(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
         for h in loaded[:100]:
             try_handshake(stack.port, h, ctx)
         time.sleep(2.0)
-        pids = env.pids(stack)
-        per_s: dict[str, list[float]] = {name: [] for name in pids}
-        for _ in range(sizes.repeats):
-            cpu = Cpu(pids).start()
-            time.sleep(sizes.idle_seconds)
-            cpu.stop()
-            for name in pids:
-                per_s[name].append(cpu.ms[name] / cpu.seconds)
+        per_s = _at_rest(env.pids(stack), sizes)
         both = [a + h for a, h in zip(per_s["agent"], per_s["haproxy"], strict=True)]
         return {
             "store": "redis",
@@ -301,6 +294,18 @@ def idle_scenario(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
         }
     finally:
         env.close(stack)
+
+
+def _at_rest(pids: dict[str, int], sizes: Sizes) -> dict[str, list[float]]:
+    """Each process's CPU in ms per second, over ``sizes.repeats`` windows of doing nothing."""
+    per_s: dict[str, list[float]] = {name: [] for name in pids}
+    for _ in range(sizes.repeats):
+        cpu = Cpu(pids).start()
+        time.sleep(sizes.idle_seconds)
+        cpu.stop()
+        for name in pids:
+            per_s[name].append(cpu.ms[name] / cpu.seconds)
+    return per_s
 
 
 def idle_ha_scenario(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
@@ -322,18 +327,9 @@ def idle_ha_scenario(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
                     try_handshake(stack.port, h, env.ctx)
                 time.sleep(2.0)
                 assert stack.agent is not None
-                nodes: list[RedisNode] = (
-                    [*ha.nodes, *ha.sentinels] if isinstance(ha, SentinelSet) else ha.nodes
-                )
-                store_pids = {n.name: n.pid for n in nodes}
+                store_pids = {n.name: n.pid for n in ha.processes}
                 pids = {"agent": stack.agent.pid, "haproxy": stack.worker_pid(), **store_pids}
-                per_s: dict[str, list[float]] = {name: [] for name in pids}
-                for _ in range(sizes.repeats):
-                    cpu = Cpu(pids).start()
-                    time.sleep(sizes.idle_seconds)
-                    cpu.stop()
-                    for name in pids:
-                        per_s[name].append(cpu.ms[name] / cpu.seconds)
+                per_s = _at_rest(pids, sizes)
                 both = [a + h for a, h in zip(per_s["agent"], per_s["haproxy"], strict=True)]
                 store_total = [
                     sum(per_s[n][i] for n in store_pids) for i in range(sizes.repeats)

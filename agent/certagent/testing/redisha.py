@@ -203,6 +203,11 @@ class SentinelSet:
         return [self.master, self.replica]
 
     @property
+    def processes(self) -> list[RedisNode]:
+        """Every process of the set: the data nodes, then the sentinels."""
+        return [*self.nodes, *self.sentinels]
+
+    @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         userinfo = f":{quote(self.password, safe='')}@" if self.password else ""
@@ -336,6 +341,11 @@ class ClusterSet:
                     ],
                 )
             )
+
+    @property
+    def processes(self) -> list[RedisNode]:
+        """Every process of the cluster (each node, master or replica)."""
+        return list(self.nodes)
 
     @property
     def url(self) -> str:
