@@ -57,8 +57,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bench.cli import git_revision
-from bench.cli import machine as bench_machine
+from bench._runinfo import git_revision
+from bench._runinfo import machine as bench_machine
 from certagent.testing import PKI, HAProxyProcess, free_port, rss_kb, stop_process
 from certagent.testing.certs import (
     CA,

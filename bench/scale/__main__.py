@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import _native
 from bench._certs import Leaves
-from bench.cli import fresh_path, git_revision, machine
+from bench._runinfo import fresh_path, git_revision, machine
 from bench.scale import recycles, scenarios
 from bench.scale.common import Env, Sizes
 from bench.scale.report import markdown, targets

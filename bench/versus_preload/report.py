@@ -1,8 +1,7 @@
-"""The Markdown report and the plot of one benchmark run (the JSON is the source)."""
+"""The Markdown report of one run of the preload comparison (the JSON is the source)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 
@@ -37,10 +36,11 @@ def _ok(flag: bool) -> str:
     return "met" if flag else "**missed**"
 
 
-def markdown(result: dict[str, Any], plot_name: str | None) -> str:
+def _run(result: dict[str, Any]) -> list[str]:
+    """What ran where: the command, the revision, the machine, the certificates."""
     meta = result["meta"]
     m = meta["machine"]
-    out = [
+    return [
         f"# certagent benchmark, {meta['date']} ({meta['mode']}, {meta['key_type']})",
         "",
         f"`{meta['command']}` at {meta.get('revision', '?')} — {meta['duration_s']:.0f} s."
@@ -53,8 +53,12 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         f"Storm client and warm-host prober: {meta.get('storm_client', 'Python asyncio')}.",
         "",
     ]
+
+
+def _targets(result: dict[str, Any]) -> list[str]:
+    """Each target, measured, met or not; what limits those missed."""
     t = result["targets"]
-    out += [
+    out = [
         "## Targets (issue 4), measured in this run",
         "",
         "| target | measured | |",
@@ -66,9 +70,13 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
     if missed:
         out += ["", "What limits the targets missed in this run:", ""]
         out += [f"- {row['target']}: {row['limit']}." for row in missed]
+    return out
 
+
+def _startup(result: dict[str, Any]) -> list[str]:
+    """Scenario 1."""
     s = result["startup"]
-    out += [
+    out = [
         "",
         "## 1. Startup: process start to the first verified handshake of a random host",
         "",
@@ -82,9 +90,13 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
             f" | {_fmt(r['certagent_s'], 3)} s | {_fmt(r['certagent_haproxy_rss_mb'], 1)} MB"
             f" | {_fmt(r['certagent_agent_rss_mb'], 1)} MB | x{_fmt(r['speedup'], 0)} |"
         )
+    return out
 
+
+def _churn(result: dict[str, Any]) -> list[str]:
+    """Scenario 2."""
     c = result["churn"]
-    out += [
+    out = [
         "",
         f"## 2. Memory under churn: capacity {c['capacity']:,}, {c['store_hosts']:,} hosts in the"
         f" store, {c['rounds']} rounds of {c['hosts_per_round']:,} distinct hosts",
@@ -113,9 +125,13 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
             f"{r['warm_handshakes_ok']}/{sample} · {r['preload_handshakes_ok']}/{sample}"
             f" | {r['ensure_other']} |"
         )
+    return out
 
+
+def _cold_warm(result: dict[str, Any]) -> list[str]:
+    """Scenario 3."""
     cw = result["cold_warm"]
-    out += [
+    out = [
         "",
         f"## 3. Cold vs warm: {cw['hosts']:,} never-seen hosts, one at a time"
         f" ({cw['failures']} failures)",
@@ -131,9 +147,13 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
     ):
         v = cw[key]
         out.append(f"| {label} | {v['p50']} | {v['p90']} | {v['p99']} | {v['max']} |")
+    return out
 
+
+def _storm(result: dict[str, Any]) -> list[str]:
+    """Scenario 4, and the agent's counters meanwhile."""
     st = result["storm"]
-    out += [
+    out = [
         "",
         f"## 4. Cold storm: {st['certagent']['hosts']:,} distinct new hosts started within "
         f"{st['spread_s']} s, {st['concurrency']} at once",
@@ -164,9 +184,13 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
         if counters:
             listed = ", ".join(f"{k} {v}" for k, v in counters.items())
             out += ["", f"Agent counters during the storm ({label}): {listed}."]
+    return out
 
+
+def _hop(result: dict[str, Any]) -> list[str]:
+    """Scenario 5, one row per configuration variant."""
     h = result["hop"]
-    out += [
+    out = [
         "",
         "## 5. Steady-state cost of the hop (HAProxy CPU per operation)",
         "",
@@ -189,135 +213,18 @@ def markdown(result: dict[str, Any], plot_name: str | None) -> str:
             f"{_x(n['sched_ratio'])} | {k['certagent_us']} | {k['plain_us']} | "
             f"{_x(k['ratio'])} | {_x(k['sched_ratio'])} |"
         )
+    return out
+
+
+SECTIONS = (_run, _targets, _startup, _churn, _cold_warm, _storm, _hop)
+
+
+def markdown(result: dict[str, Any], plot_name: str | None) -> str:
+    """The report: the run, the targets, then one section per scenario."""
+    out: list[str] = []
+    for section in SECTIONS:
+        out += section(result)
     if plot_name:
         out += ["", f"![benchmark plot]({plot_name})"]
     out += ["", "Raw figures: the JSON file beside this one.", ""]
     return "\n".join(out)
-
-
-def plot(result: dict[str, Any], path: Path) -> bool:
-    """Write the four-panel PNG; False if matplotlib is not installed (``.[bench]``)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
-    rows = result["startup"]["rows"]
-    ns = [r["n"] for r in rows]
-
-    ax = axes[0][0]
-    ax.plot(ns, [r["preload_s"] for r in rows], "o-", label="preload")
-    ax.plot(ns, [r["certagent_s"] for r in rows], "s-", label="certagent")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="certificates",
-        ylabel="seconds",
-        title="1. start to first verified handshake",
-    )
-    ax.legend()
-
-    ax = axes[0][1]
-    ax.plot(ns, [r["preload_rss_mb"] for r in rows], "o-", label="preload")
-    ax.plot(ns, [r["certagent_haproxy_rss_mb"] for r in rows], "s-", label="certagent HAProxy")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="certificates",
-        ylabel="worker RSS (MB)",
-        title="1. HAProxy RSS after start",
-    )
-    ax.legend()
-
-    ax = axes[0][2]
-    c = result["churn"]
-    rounds = [r["round"] for r in c["per_round"]]
-    ax.plot(rounds, [r["preload_rss_mb"] for r in c["per_round"]], "o-", label="preload")
-    ax.plot(rounds, [r["certagent_rss_mb"] for r in c["per_round"]], "s-", label="certagent")
-    ax.set(
-        yscale="log",
-        xlabel="round",
-        ylabel="worker RSS (MB)",
-        title=f"2. churn: capacity {c['capacity']}, {c['hosts_per_round']} new hosts/round",
-    )
-    ax.legend()
-
-    ax = axes[1][0]
-    cw = result["cold_warm"]
-    labels = ["p50", "p90", "p99"]
-    x = range(len(labels))
-    for i, (key, label) in enumerate(
-        (
-            ("certagent_cold_ms", "certagent cold"),
-            ("certagent_warm_ms", "certagent warm"),
-            ("preload_ms", "preload"),
-        )
-    ):
-        ax.bar([j + i * 0.27 for j in x], [cw[key][p] for p in labels], 0.27, label=label)
-    ax.set_xticks([j + 0.27 for j in x], labels)
-    ax.set(ylabel="handshake ms", title="3. cold vs warm, one at a time")
-    ax.legend()
-
-    ax = axes[1][1]
-    st = result["storm"]
-    keys = [
-        ("certagent", "certagent\nbatch 32"),
-        ("certagent_batch_1", "certagent\nbatch 1"),
-        ("preload", "preload"),
-    ]
-    x = range(len(keys))
-    ax.bar(
-        [j - 0.2 for j in x],
-        [st[k]["warm_idle_ms"]["p99"] for k, _ in keys],
-        0.4,
-        label="warm host p99, idle",
-    )
-    ax.bar(
-        [j + 0.2 for j in x],
-        [st[k]["warm_during_ms"]["p99"] for k, _ in keys],
-        0.4,
-        label="warm host p99, during storm",
-    )
-    for j, (k, _) in enumerate(keys):
-        ax.annotate(f"{st[k]['success_pct']:.0f}% ok", (j, 0), ha="center", va="bottom")
-    ax.set_xticks(list(x), [label for _, label in keys])
-    ax.set(ylabel="ms", title=f"4. storm of {st['certagent']['hosts']} new hosts")
-    ax.legend()
-
-    ax = axes[1][2]
-    v = result["hop"]["variants"]
-    names = list(v)
-    x = range(len(names))
-    ax.bar(
-        [j - 0.2 for j in x],
-        [v[n]["new_connection"]["ratio"] or 0 for n in names],
-        0.4,
-        label="per new TLS connection",
-    )
-    ax.bar(
-        [j + 0.2 for j in x],
-        [v[n]["keepalive_request"]["ratio"] or 0 for n in names],
-        0.4,
-        label="per keep-alive request",
-    )
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(list(x), names, rotation=30, ha="right")
-    ax.set(
-        ylabel="HAProxy CPU, certagent ÷ plain",
-        ylim=(0.8, None),
-        title="5. cost of the hop, by config variant",
-    )
-    ax.legend()
-
-    meta = result["meta"]
-    fig.suptitle(
-        f"certagent vs preload — {meta['date']}, {meta['mode']}, {meta['key_type']}, "
-        f"{meta['machine']['nproc']} CPUs"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
