@@ -13,17 +13,17 @@ def _opt(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else _fmt(value, digits)
 
 
-def _churn_breakdown(c: dict[str, Any]) -> list[str]:
+def _churn_breakdown(churn: dict[str, Any]) -> list[str]:
     """What of the churn's RSS change is the TLS session cache filling (runs since run 4)."""
-    cache = c.get("certagent_session_cache_mb")
+    cache = churn.get("certagent_session_cache_mb")
     if not cache:
         return []
     return [
         f"Of that RSS, HAProxy's shared TLS session cache (`tune.ssl.cachesize`, filled by every"
         f" new session up to its fixed size) went from {cache[0]} to {cache[1]} MB; without it"
         f" the largest deviation from round 1 is"
-        f" {c['certagent_max_deviation_without_session_cache_pct']} %. Usage stick-table entries"
-        f" after the last round: {c['usage_table_entries_last']:,}.",
+        f" {churn['certagent_max_deviation_without_session_cache_pct']} %. Usage stick-table"
+        f" entries after the last round: {churn['usage_table_entries_last']:,}.",
         "",
     ]
 
@@ -39,14 +39,14 @@ def _ok(flag: bool) -> str:
 def _run(result: dict[str, Any]) -> list[str]:
     """What ran where: the command, the revision, the machine, the certificates."""
     meta = result["meta"]
-    m = meta["machine"]
+    machine = meta["machine"]
     return [
         f"# certagent benchmark, {meta['date']} ({meta['mode']}, {meta['key_type']})",
         "",
         f"`{meta['command']}` at {meta.get('revision', '?')} — {meta['duration_s']:.0f} s."
-        f" Machine: {m['nproc']} CPUs "
-        f"({m['cpu_model']}), {m['mem_total_gb']} GB RAM, Linux {m['kernel']}; "
-        f"{m['haproxy']}; {m['redis']}; Python {m['python']}.",
+        f" Machine: {machine['nproc']} CPUs "
+        f"({machine['cpu_model']}), {machine['mem_total_gb']} GB RAM, Linux {machine['kernel']}; "
+        f"{machine['haproxy']}; {machine['redis']}; Python {machine['python']}.",
         "",
         f"Certificates: {meta['certificates']}",
         "",
@@ -57,16 +57,16 @@ def _run(result: dict[str, Any]) -> list[str]:
 
 def _targets(result: dict[str, Any]) -> list[str]:
     """Each target, measured, met or not; what limits those missed."""
-    t = result["targets"]
+    targets = result["targets"]
     out = [
         "## Targets (issue 4), measured in this run",
         "",
         "| target | measured | |",
         "|---|---|---|",
     ]
-    for row in t.values():
+    for row in targets.values():
         out.append(f"| {row['target']} | {row['measured']} | {_ok(row['met'])} |")
-    missed = [row for row in t.values() if not row["met"] and row.get("limit")]
+    missed = [row for row in targets.values() if not row["met"] and row.get("limit")]
     if missed:
         out += ["", "What limits the targets missed in this run:", ""]
         out += [f"- {row['target']}: {row['limit']}." for row in missed]
@@ -75,7 +75,7 @@ def _targets(result: dict[str, Any]) -> list[str]:
 
 def _startup(result: dict[str, Any]) -> list[str]:
     """Scenario 1."""
-    s = result["startup"]
+    startup = result["startup"]
     out = [
         "",
         "## 1. Startup: process start to the first verified handshake of a random host",
@@ -84,7 +84,7 @@ def _startup(result: dict[str, Any]) -> list[str]:
         " | agent RSS | speed-up |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in s["rows"]:
+    for r in startup["rows"]:
         out.append(
             f"| {r['n']:,} | {_fmt(r['preload_s'])} s | {_fmt(r['preload_rss_mb'], 1)} MB"
             f" | {_fmt(r['certagent_s'], 3)} s | {_fmt(r['certagent_haproxy_rss_mb'], 1)} MB"
@@ -95,27 +95,28 @@ def _startup(result: dict[str, Any]) -> list[str]:
 
 def _churn(result: dict[str, Any]) -> list[str]:
     """Scenario 2."""
-    c = result["churn"]
+    churn = result["churn"]
     out = [
         "",
-        f"## 2. Memory under churn: capacity {c['capacity']:,}, {c['store_hosts']:,} hosts in the"
-        f" store, {c['rounds']} rounds of {c['hosts_per_round']:,} distinct hosts",
+        f"## 2. Memory under churn: capacity {churn['capacity']:,}, {churn['store_hosts']:,}"
+        f" hosts in the store, {churn['rounds']} rounds of {churn['hosts_per_round']:,} distinct"
+        " hosts",
         "",
-        f"certagent HAProxy worker RSS: {c['certagent_empty_rss_mb']} MB empty, "
-        f"{c['certagent_rss_after_round1_mb']} MB after round 1 (pool full), "
-        f"{c['certagent_rss_last_mb']} MB after round {c['rounds']}; largest deviation from "
-        f"round 1: {c['certagent_max_deviation_pct']} %. Preload (all "
-        f"{result['startup']['rows'][-1]['n']:,} certificates): {c['preload_rss_mb']} MB, "
-        f"largest deviation {c['preload_max_deviation_pct']} %.",
+        f"certagent HAProxy worker RSS: {churn['certagent_empty_rss_mb']} MB empty, "
+        f"{churn['certagent_rss_after_round1_mb']} MB after round 1 (pool full), "
+        f"{churn['certagent_rss_last_mb']} MB after round {churn['rounds']}; largest deviation"
+        f" from round 1: {churn['certagent_max_deviation_pct']} %. Preload (all "
+        f"{result['startup']['rows'][-1]['n']:,} certificates): {churn['preload_rss_mb']} MB, "
+        f"largest deviation {churn['preload_max_deviation_pct']} %.",
         "",
-        *_churn_breakdown(c),
+        *_churn_breakdown(churn),
         "| round | certagent RSS MB | of it TLS session cache MB | usage-table entries"
         " | preload RSS MB | slots used | recycles"
         " | verified handshakes (cold / warm / preload) | ensure not ok |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    sample = c["handshakes_sampled_per_round"]
-    for r in c["per_round"]:
+    sample = churn["handshakes_sampled_per_round"]
+    for r in churn["per_round"]:
         out.append(
             f"| {r['round']} | {r['certagent_rss_mb']}"
             f" | {_opt(r.get('certagent_session_cache_mb'))}"
@@ -130,11 +131,11 @@ def _churn(result: dict[str, Any]) -> list[str]:
 
 def _cold_warm(result: dict[str, Any]) -> list[str]:
     """Scenario 3."""
-    cw = result["cold_warm"]
+    cold_warm = result["cold_warm"]
     out = [
         "",
-        f"## 3. Cold vs warm: {cw['hosts']:,} never-seen hosts, one at a time"
-        f" ({cw['failures']} failures)",
+        f"## 3. Cold vs warm: {cold_warm['hosts']:,} never-seen hosts, one at a time"
+        f" ({cold_warm['failures']} failures)",
         "",
         "| handshake latency (ms) | p50 | p90 | p99 | max |",
         "|---|---:|---:|---:|---:|",
@@ -145,18 +146,18 @@ def _cold_warm(result: dict[str, Any]) -> list[str]:
         ("preload", "preload_ms"),
         ("added by the cold load (cold - warm, per host)", "added_ms"),
     ):
-        v = cw[key]
+        v = cold_warm[key]
         out.append(f"| {label} | {v['p50']} | {v['p90']} | {v['p99']} | {v['max']} |")
     return out
 
 
 def _storm(result: dict[str, Any]) -> list[str]:
     """Scenario 4, and the agent's counters meanwhile."""
-    st = result["storm"]
+    storm = result["storm"]
     out = [
         "",
-        f"## 4. Cold storm: {st['certagent']['hosts']:,} distinct new hosts started within "
-        f"{st['spread_s']} s, {st['concurrency']} at once",
+        f"## 4. Cold storm: {storm['certagent']['hosts']:,} distinct new hosts started within "
+        f"{storm['spread_s']} s, {storm['concurrency']} at once",
         "",
         "| | verified | launch span | handshake p50 / p90 / p99 ms | warm host p99 idle → "
         "during ms | warm ratio | CPU ms per new host: HAProxy · agent | failures |",
@@ -167,7 +168,7 @@ def _storm(result: dict[str, Any]) -> list[str]:
         ("certagent (load_batch 1)", "certagent_batch_1"),
         ("preload", "preload"),
     ):
-        v = st[key]
+        v = storm[key]
         lat = v["latency_ms"]
         errors = ", ".join(f"{k}: {n}" for k, n in v["errors"].items()) or "none"
         cpu = v.get("cpu", {})
@@ -180,7 +181,7 @@ def _storm(result: dict[str, Any]) -> list[str]:
         )
 
     for label, key in (("load_batch 32", "certagent"), ("load_batch 1", "certagent_batch_1")):
-        counters = st[key].get("agent_counters")
+        counters = storm[key].get("agent_counters")
         if counters:
             listed = ", ".join(f"{k} {v}" for k, v in counters.items())
             out += ["", f"Agent counters during the storm ({label}): {listed}."]
@@ -189,14 +190,14 @@ def _storm(result: dict[str, Any]) -> list[str]:
 
 def _hop(result: dict[str, Any]) -> list[str]:
     """Scenario 5, one row per configuration variant."""
-    h = result["hop"]
+    hop = result["hop"]
     out = [
         "",
         "## 5. Steady-state cost of the hop (HAProxy CPU per operation)",
         "",
-        f"{h['hosts']} loaded hosts; per run {h['new_connections_per_run']:,} new TLS "
-        f"connections, or {h['keepalive_connections']} connections x "
-        f"{h['keepalive_requests_per_connection']:,} keep-alive requests; {h['pairs']} A/B "
+        f"{hop['hosts']} loaded hosts; per run {hop['new_connections_per_run']:,} new TLS "
+        f"connections, or {hop['keepalive_connections']} connections x "
+        f"{hop['keepalive_requests_per_connection']:,} keep-alive requests; {hop['pairs']} A/B "
         "pairs per variant; ratio = median of paired (certagent path ÷ plain bind). CPU = "
         "utime+stime of the worker (/proc/<pid>/stat); the schedstat column is the same ratio "
         "from nanosecond on-CPU time.",
@@ -205,7 +206,7 @@ def _hop(result: dict[str, Any]) -> list[str]:
         "req: certagent µs | plain µs | ratio | (schedstat) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, v in h["variants"].items():
+    for name, v in hop["variants"].items():
         n, k = v["new_connection"], v["keepalive_request"]
         label = f"{name} (measure only)" if v.get("informative_only") else name
         out.append(

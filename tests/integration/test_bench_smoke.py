@@ -85,7 +85,7 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
 
 
 def test_scale_bench_smoke_runs_every_scenario_and_never_overwrites(tmp_path: Path) -> None:
-    """``python -m bench.scale --smoke``: issue 11's scenarios at tiny sizes, twice."""
+    """``python -m bench.scale --smoke``: every scale scenario at tiny sizes, twice."""
     runs = []
     for only in ([], ["--only", "hit_ratio"]):  # the second run only has to write again
         proc = subprocess.run(
