@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "agent" / "certagent"
-MAX_LINES = 620  # "about 600"
+MAX_LINES = 600
 # A layer may import only the layers listed for it (and itself); errors/config are the base.
 ALLOWED = {
     "certs": set(),
@@ -50,13 +50,15 @@ def test_product_code_never_imports_the_test_tree(path: Path) -> None:
     assert not any(m == "agent" or m.startswith("agent.") for m in _imports(path))
 
 
-def test_no_module_is_over_about_600_lines() -> None:
+def test_no_module_is_over_600_lines() -> None:
     sizes = {
         str(p.relative_to(ROOT)): len(p.read_text().splitlines())
-        for p in PACKAGE.rglob("*.py")
+        for base in (PACKAGE, ROOT / "bench")
+        for p in base.rglob("*.py")
         if "__pycache__" not in p.parts
     }
-    assert len(sizes) > 30
+    assert len([p for p in sizes if p.startswith("agent/")]) > 30
+    assert len([p for p in sizes if p.startswith("bench/")]) > 10
     assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
 
 
