@@ -1,21 +1,22 @@
-"""Certificates in Redis, private keys encrypted at rest.
+"""The Redis store: reads here, writes by the strategy its constructor picks once.
 
 One Redis (``redis://``, ``rediss://``, ``unix://``), the master a Sentinel set
 names (``redis+sentinel://``) or a Redis Cluster (``redis+cluster://``); the
-connections are :mod:`certagent.store._redis_conn`'s.
-Key layout: :mod:`certagent.store._redis_layout` (and docs/store.md, for operators).
-Every write (add, replace, delete) changes the record, its name sets, the
-fingerprint index, both sorted sets and appends its event (the record's names
-before and after) in one MULTI/EXEC, WATCHing the keys it read first, retrying
-if one changed; on a cluster, where those keys live in several slots, the same
-writes are ordered idempotent steps (:mod:`certagent.store._redis_cluster`).
-:attr:`RedisStore.bulk` adds many records per round trip, one Lua script each.
-A lookup (:mod:`certagent.store._redis_lookup`) is one round trip: LOOKUP_SCRIPT
-reads the exact name's set, else its wildcard's, and the ``chain`` and ``key`` of
-each valid id (two pipelined round trips on a cluster, or for a user who may not
-run scripts).  Keys are
-decrypted with the :class:`~certagent.certs.keycrypt.KeyRing` (``key_file``).
-:meth:`RedisStore.changes` is :class:`~certagent.store._redis_feed.ChangeFeed`.
+connections are :mod:`certagent.store.redis._connection`'s.  Key layout:
+:mod:`certagent.store.redis._layout` (and docs/store.md, for operators).
+
+Every write (add, replace, delete, an OCSP response) changes the record, its
+name sets, the fingerprint index, both sorted sets and appends its event (the
+record's names before and after).  How is the writer's
+(:mod:`certagent.store.redis._writer`): one MULTI/EXEC on one Redis
+(:class:`~certagent.store.redis._single.SingleNodeWriter`), ordered idempotent
+steps on a cluster, where those keys live in several slots
+(:class:`~certagent.store.redis._cluster.ClusterWriter`).  :meth:`RedisStore.bulk`
+adds many records per round trip.  A lookup (:mod:`certagent.store.redis._lookup`)
+is one round trip (two on a cluster, or for a user who may not run scripts).
+Keys are decrypted with the :class:`~certagent.certs.keycrypt.KeyRing`
+(``key_file``).  :meth:`RedisStore.changes` is
+:class:`~certagent.store.redis._feed.StreamFeed`.
 """
 
 from __future__ import annotations
@@ -23,14 +24,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
-import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-import redis.asyncio
-import redis.exceptions
+from pathlib import Path
 
 from certagent.certs import hostname, keycrypt
 from certagent.certs.keycrypt import KeyRing
@@ -45,58 +42,41 @@ from certagent.errors import (
     StoreCorrupt,
     StoreError,
 )
-from certagent.store._redis_bulk import BulkAdds, IdTaken, PreparedRecord, RecordEncoder
-from certagent.store._redis_cluster import ClusterWrites, Stored
-from certagent.store._redis_conn import CLUSTER_SCHEME, close_client, connect, redis_errors
-from certagent.store._redis_feed import MAX_BLOCK, ChangeFeed
-from certagent.store._redis_layout import (
+from certagent.store.base import CertRecord, Change, IdTaken, Page, StoredCertificate
+from certagent.store.records import decode_cursor, encode_cursor
+from certagent.store.redis._bulk import BulkAdds
+from certagent.store.redis._cluster import ClusterWriter
+from certagent.store.redis._connection import close_client, connect, redis_errors
+from certagent.store.redis._feed import MAX_BLOCK, StreamFeed
+from certagent.store.redis._layout import (
     DEFAULT_PREFIX,
     F_KEY,
     META_FIELDS,
     Keys,
-    decode_record,
-    encode_event,
-    encode_record,
-    expiry_score,
-    meta_fields,
-    tickets_event,
-    to_bytes,
     to_text,
     valid_id,
 )
-from certagent.store._redis_lookup import Lookup
-from certagent.store._redis_ocsp import store_ocsp
-from certagent.store._redis_rekey import reencrypt_all
-from certagent.store._redis_tickets import RedisTicketRing
-from certagent.store.base import (
-    CertRecord,
-    Change,
-    Page,
-    StoredCertificate,
-    decode_cursor,
-    encode_cursor,
-    make_record,
-    redact_url,
+from certagent.store.redis._lookup import Lookup
+from certagent.store.redis._records import (
+    RecordEncoder,
+    decode_record,
+    expiry_score,
+    meta_fields,
+    tickets_event,
 )
+from certagent.store.redis._rekey import reencrypt_all
+from certagent.store.redis._single import SingleNodeWriter
+from certagent.store.redis._tickets import RedisTicketRing
+from certagent.store.redis._writer import ATTEMPTS, RecordWriter, Stored
+from certagent.store.url import CLUSTER_SCHEME, redact_url
 
-__all__ = [
-    "DEFAULT_EVENTS_MAXLEN",
-    "DEFAULT_PREFIX",
-    "MAX_BLOCK",
-    "BulkAdds",
-    "IdTaken",
-    "Keys",
-    "PreparedRecord",
-    "RecordEncoder",
-    "RedisStore",
-]
+__all__ = ["DEFAULT_EVENTS_MAXLEN", "RedisStore"]
 
 log = logging.getLogger(__name__)
 
 #: About this many events stay in the stream (``XADD MAXLEN ~``).
 DEFAULT_EVENTS_MAXLEN = 100_000
 
-_WRITE_ATTEMPTS = 5
 _SCAN_BATCH = 500
 
 
@@ -106,7 +86,12 @@ def _now() -> datetime:
 
 
 class RedisStore:
-    """A :class:`~certagent.store.base.Store` on Redis: one server, Sentinel or Cluster."""
+    """A :class:`~certagent.store.base.Store` on Redis: one server, Sentinel or Cluster.
+
+    It has every role: its ticket ring is the fleet's (:attr:`tickets`), it is
+    its own :class:`~certagent.store.base.DataKeys`, and :meth:`bulk` adds many
+    records per round trip.
+    """
 
     def __init__(
         self,
@@ -127,21 +112,14 @@ class RedisStore:
         except ValueError as exc:
             raise ConfigError(f"redis_prefix {prefix!r}: {exc}") from exc
         self._ring = keyring
-        self._events_maxlen = events_maxlen
         self._client = connect(url, self._url, timeout, timeout, health_check_interval)
-        # a cluster cannot write a record in one MULTI: ordered steps instead
-        self._cluster = (
-            ClusterWrites(self._client, self._keys, self._url, events_maxlen) if cluster else None
+        # the one place the deployment's shape picks how records are written
+        self._writer: RecordWriter = (
+            ClusterWriter(self._client, self._keys, self._url, events_maxlen)
+            if cluster
+            else SingleNodeWriter(self._client, self._keys, self._url, events_maxlen)
         )
-        self._bulk = BulkAdds(
-            self._client,
-            self._keys,
-            self._url,
-            events_maxlen,
-            self._ring_for,
-            lambda: _now(),
-            cluster=self._cluster,
-        )
+        self._bulk = BulkAdds(self._writer, self._url, self._ring_for, lambda: _now())
         self._tickets = RedisTicketRing(
             self._client, self._keys, self._url, self._ring_for, tickets_event
         )
@@ -150,7 +128,7 @@ class RedisStore:
         )
         # XREAD BLOCK holds its connection for up to MAX_BLOCK: give it its own pool,
         # whose socket timeout outlasts the block.
-        self._feed = ChangeFeed(
+        self._feed = StreamFeed(
             self._client,
             connect(url, self._url, MAX_BLOCK + timeout, timeout, health_check_interval),
             self._keys,
@@ -168,28 +146,27 @@ class RedisStore:
 
     @property
     def tickets(self) -> RedisTicketRing:
-        """The fleet's TLS ticket-key ring: :mod:`certagent.store._redis_tickets`."""
+        """The fleet's TLS ticket-key ring: :mod:`certagent.store.redis._tickets`."""
         return self._tickets
 
-    @property
+    # --- what it offers -----------------------------------------------------------------
+
+    def ticket_ring(self, local_file: Path) -> RedisTicketRing:
+        """The fleet's ring, shared by every agent on this Redis (``local_file`` is not used)."""
+        return self._tickets
+
+    def data_keys(self) -> RedisStore:
+        """This store: private keys (and the ticket ring) are encrypted with ``key_file``."""
+        return self
+
     def bulk(self) -> BulkAdds:
-        """Many adds per round trip (``add_many``): :mod:`certagent.store._redis_bulk`."""
+        """Many adds per round trip (``add_many``): :mod:`certagent.store.redis._bulk`."""
         return self._bulk
+
+    # --- lifecycle ----------------------------------------------------------------------
 
     def describe(self) -> str:
         return self._url
-
-    async def names(self) -> AsyncIterator[str]:
-        """Every ``name:`` key's name, by SCAN (O(N), in batches; see Store.names)."""
-        with self._errors("names"):
-            # on a cluster, scan_iter walks every master in turn
-            async for key in self._client.scan_iter(
-                match=self._keys.name_pattern(), count=_SCAN_BATCH
-            ):
-                try:
-                    yield hostname.normalise_pattern(self._keys.name_of(to_text(key)))
-                except InvalidHostname:
-                    continue
 
     async def ping(self) -> None:
         with self._errors("ping"):
@@ -200,24 +177,27 @@ class RedisStore:
             await close_client(self._client)
             await self._feed.close()
 
-    # --- reads ----------------------------------------------------------------------
+    # --- reads --------------------------------------------------------------------------
 
     async def lookup(self, hostname: str) -> StoredCertificate | None:
         found = await self.lookup_all(hostname)
         return found[0] if found else None
 
     async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
-        """:class:`~certagent.store._redis_lookup.Lookup`: one round trip, two on a cluster."""
+        """:class:`~certagent.store.redis._lookup.Lookup`: one round trip, two on a cluster."""
         return await self._lookup.all(hostname)
 
-    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
-        """Check ``der`` for the record's leaf and keep it with the record (a ``put`` event)."""
-        with self._errors("store an OCSP response"):
-            if self._cluster is not None:
-                return await self._cluster.put_ocsp(cert_id, der, now)
-            return await store_ocsp(
-                self._client, self._keys, self._url, cert_id, der, now, self._event
-            )
+    async def names(self) -> AsyncIterator[str]:
+        """Every ``name:`` key's name, by SCAN (O(N), in batches; see Reader.names)."""
+        with self._errors("names"):
+            # on a cluster, scan_iter walks every master in turn
+            async for key in self._client.scan_iter(
+                match=self._keys.name_pattern(), count=_SCAN_BATCH
+            ):
+                try:
+                    yield hostname.normalise_pattern(self._keys.name_of(to_text(key)))
+                except InvalidHostname:
+                    continue
 
     async def get(self, cert_id: str) -> CertRecord | None:
         if not valid_id(cert_id):
@@ -281,124 +261,52 @@ class RedisStore:
             ids = [i for i in ids if i > after]
         return ids[:count]
 
-    # --- writes ---------------------------------------------------------------------
+    # --- writes: the writer's -------------------------------------------------------------
 
     async def put(self, bundle: CertBundle) -> str:
-        ring = self._ring_for("store certificates")
-        with self._errors("put"):
-            for _ in range(_WRITE_ATTEMPTS):
-                try:
-                    result = await self._add_once(ring, bundle)
-                except redis.exceptions.WatchError:
-                    continue
-                if isinstance(result, str):
-                    return result  # already stored
-                return result.id
-        raise self._gave_up("put", bundle.fingerprint_sha256[:16])
+        added = await self._add(bundle, "put")
+        return added if isinstance(added, str) else added.id  # str: already stored
 
     async def add(self, bundle: CertBundle) -> CertRecord:
-        ring = self._ring_for("store certificates")
-        with self._errors("add"):
-            for _ in range(_WRITE_ATTEMPTS):
-                try:
-                    result = await self._add_once(ring, bundle)
-                except redis.exceptions.WatchError:
-                    continue
-                break
-            else:
-                raise self._gave_up("add", bundle.fingerprint_sha256[:16])
-        if isinstance(result, str):
+        added = await self._add(bundle, "add")
+        if isinstance(added, str):
             raise DuplicateCertificate(
                 f"this certificate (sha256 {bundle.fingerprint_sha256}) is already stored"
-                f" as {result}; replace or delete that record instead"
+                f" as {added}; replace or delete that record instead"
             )
-        return result
+        return added
 
-    async def _add_once(self, ring: KeyRing, bundle: CertBundle) -> CertRecord | str:
+    async def _add(self, bundle: CertBundle, action: str) -> CertRecord | str:
         """Add ``bundle`` under a new id; or return the id already holding it."""
-        if self._cluster is not None:
-            (got,) = await self._cluster.add([RecordEncoder(ring).prepare(bundle, _now())])
-            if isinstance(got, IdTaken):
-                raise redis.exceptions.WatchError("id collision")  # draw another id
-            if isinstance(got, (Stored, StoreError)):
-                return got.owner if isinstance(got, Stored) else _raise(got)
-            log.info("stored certificate %s for %s in %s", got.id, " ".join(got.names), self._url)
-            return got
-        fp_key = self._keys.fingerprint(bundle.fingerprint_sha256)
-        cert_id = secrets.token_hex(8)
-        cert_key = self._keys.cert(cert_id)
-        async with self._client.pipeline(transaction=True) as pipe:
-            await pipe.watch(fp_key, cert_key)
-            owner = to_bytes(await pipe.get(fp_key))
-            if owner is not None:
-                return owner.decode("ascii", "replace")
-            if await pipe.exists(cert_key):
-                raise redis.exceptions.WatchError("id collision")  # draw another id
-            record = make_record(cert_id, bundle, version=1, updated_at=_now())
-            pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.hset(cert_key, mapping=encode_record(ring, record, bundle))
-            pipe.set(fp_key, cert_id)
-            for name in bundle.names:
-                pipe.sadd(self._keys.name(name), cert_id)
-            self._index(pipe, cert_id, bundle)
-            self._event(pipe, "put", cert_id, bundle.names)
-            await pipe.execute()
-        log.info(
-            "stored certificate %s for %s (sha256 %s) in %s",
-            cert_id,
-            " ".join(bundle.names),
-            bundle.fingerprint_sha256,
-            self._url,
+        encoder = RecordEncoder(self._ring_for("store certificates"))
+        with self._errors(action):
+            for _ in range(ATTEMPTS):
+                got = await self._writer.add(encoder.prepare(bundle, _now()))
+                if isinstance(got, IdTaken):
+                    continue  # draw another id
+                if isinstance(got, Stored):
+                    return got.owner
+                if isinstance(got, StoreError):
+                    raise got
+                log.info(
+                    "stored certificate %s for %s (sha256 %s) in %s",
+                    got.id,
+                    " ".join(bundle.names),
+                    bundle.fingerprint_sha256,
+                    self._url,
+                )
+                return got
+        raise StoreError(
+            f"{self._url}: {action} {bundle.fingerprint_sha256[:16]}: the record kept changing;"
+            " gave up"
         )
-        return record
 
     async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
         ring = self._ring_for("store certificates")
         if not valid_id(cert_id):
             raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
         with self._errors("replace"):
-            if self._cluster is not None:
-                return await self._cluster.replace(ring, cert_id, bundle, _now())
-            for _ in range(_WRITE_ATTEMPTS):
-                try:
-                    return await self._replace_once(ring, cert_id, bundle)
-                except redis.exceptions.WatchError:
-                    continue
-        raise self._gave_up("replace", cert_id)
-
-    async def _replace_once(self, ring: KeyRing, cert_id: str, bundle: CertBundle) -> CertRecord:
-        cert_key = self._keys.cert(cert_id)
-        new_fp_key = self._keys.fingerprint(bundle.fingerprint_sha256)
-        async with self._client.pipeline(transaction=True) as pipe:
-            await pipe.watch(cert_key, new_fp_key)
-            old = self._existing(cert_id, await pipe.hmget(cert_key, list(META_FIELDS)))
-            owner = to_bytes(await pipe.get(new_fp_key))
-            if owner is not None and owner != cert_id.encode("ascii"):
-                raise DuplicateCertificate(
-                    f"this certificate (sha256 {bundle.fingerprint_sha256}) is already stored"
-                    f" as {owner.decode('ascii', 'replace')}; delete that record first"
-                )
-            stale_fp_key: str | None = None
-            if old.fingerprint_sha256 != bundle.fingerprint_sha256:
-                old_fp_key = self._keys.fingerprint(old.fingerprint_sha256)
-                await pipe.watch(old_fp_key)
-                if to_bytes(await pipe.get(old_fp_key)) == cert_id.encode("ascii"):
-                    stale_fp_key = old_fp_key
-            record = make_record(cert_id, bundle, version=old.version + 1, updated_at=_now())
-            pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.delete(cert_key)
-            pipe.hset(cert_key, mapping=encode_record(ring, record, bundle))
-            if stale_fp_key is not None:
-                pipe.delete(stale_fp_key)
-            pipe.set(new_fp_key, cert_id)
-            for name in old.names:
-                if name not in bundle.names:
-                    pipe.srem(self._keys.name(name), cert_id)
-            for name in bundle.names:
-                pipe.sadd(self._keys.name(name), cert_id)
-            self._index(pipe, cert_id, bundle)
-            self._event(pipe, "put", cert_id, [*bundle.names, *old.names])
-            await pipe.execute()
+            record = await self._writer.replace(ring, cert_id, bundle, _now())
         log.info(
             "replaced certificate %s (version %d) for %s (sha256 %s) in %s",
             cert_id,
@@ -413,41 +321,24 @@ class RedisStore:
         if not valid_id(cert_id):
             raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
         with self._errors("delete"):
-            if self._cluster is not None:
-                return await self._cluster.delete(cert_id)
-            for _ in range(_WRITE_ATTEMPTS):
-                try:
-                    return await self._delete_once(cert_id)
-                except redis.exceptions.WatchError:
-                    continue
-        raise self._gave_up("delete", cert_id)
-
-    async def _delete_once(self, cert_id: str) -> CertRecord:
-        cert_key = self._keys.cert(cert_id)
-        async with self._client.pipeline(transaction=True) as pipe:
-            await pipe.watch(cert_key)
-            old = self._existing(cert_id, await pipe.hmget(cert_key, list(META_FIELDS)))
-            fp_key = self._keys.fingerprint(old.fingerprint_sha256)
-            await pipe.watch(fp_key)
-            owned = to_bytes(await pipe.get(fp_key)) == cert_id.encode("ascii")
-            pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.delete(cert_key)
-            if owned:
-                pipe.delete(fp_key)
-            for name in old.names:
-                pipe.srem(self._keys.name(name), cert_id)
-            pipe.zrem(self._keys.ids(), cert_id)
-            pipe.zrem(self._keys.expiry(), cert_id)
-            self._event(pipe, "delete", cert_id, old.names)
-            await pipe.execute()
+            old = await self._writer.delete(cert_id)
         log.info("deleted certificate %s for %s from %s", cert_id, " ".join(old.names), self._url)
         return old
 
+    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
+        """Check ``der`` for the record's leaf and keep it with the record (a ``put`` event)."""
+        if not valid_id(cert_id):
+            raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
+        with self._errors("store an OCSP response"):
+            return await self._writer.put_ocsp(cert_id, der, now)
+
+    # --- data keys ----------------------------------------------------------------------
+
     async def rotate_keys(self) -> int:
-        """Re-encrypt every key not made with the current data key: :mod:`._redis_rekey`."""
+        """Re-encrypt every key not made with the current data key: :mod:`._rekey`."""
         ring = self._ring_for("rotate keys")
         with self._errors("rotate keys"):
-            rotated = await reencrypt_all(self._client, self._keys, self._url, ring, self._cluster)
+            rotated = await reencrypt_all(self._client, self._keys, self._url, ring, self._writer)
         await self._tickets.reencrypt()
         return rotated
 
@@ -472,13 +363,13 @@ class RedisStore:
                     found.add(keycrypt.token_kid(token))
         return found
 
-    # --- change feed ----------------------------------------------------------------
+    # --- change feed --------------------------------------------------------------------
 
     async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
         with self._errors("changes"):
             return await self._feed.changes(after, timeout)
 
-    # --- helpers --------------------------------------------------------------------
+    # --- helpers ------------------------------------------------------------------------
 
     def _ring_for(self, action: str) -> KeyRing:
         if self._ring is None:
@@ -487,26 +378,6 @@ class RedisStore:
                 " configure key_file (create one with `certagent keys generate k1`)"
             )
         return self._ring
-
-    def _index(self, pipe: Any, cert_id: str, bundle: CertBundle) -> None:
-        pipe.zadd(self._keys.ids(), {cert_id: 0})
-        pipe.zadd(self._keys.expiry(), {cert_id: expiry_score(bundle.not_after)})
-
-    def _event(
-        self, pipe: Any, kind: Literal["put", "delete"], cert_id: str, names: Sequence[str]
-    ) -> None:
-        pipe.xadd(
-            self._keys.events(),
-            encode_event(kind, cert_id, names),
-            maxlen=self._events_maxlen,
-            approximate=True,
-        )
-
-    def _existing(self, cert_id: str, row: object) -> CertRecord:
-        fields = meta_fields(row)
-        if fields is None:
-            raise NotFound(f"{self._url}: no certificate {cert_id!r}")
-        return self._record(cert_id, fields)
 
     def _record(self, cert_id: str, fields: Mapping[str, bytes | None]) -> CertRecord:
         """A CertRecord from a hash's META_FIELDS; StoreCorrupt (naming the record) if invalid."""
@@ -517,10 +388,3 @@ class RedisStore:
 
     def _errors(self, action: str) -> AbstractContextManager[None]:
         return redis_errors(self._url, action)
-
-    def _gave_up(self, action: str, what: str) -> StoreError:
-        return StoreError(f"{self._url}: {action} {what}: the record kept changing; gave up")
-
-
-def _raise(exc: StoreError) -> str:
-    raise exc
