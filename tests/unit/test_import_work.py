@@ -11,7 +11,9 @@ from certagent.certs.keycrypt import KeyRing, decrypt, generate_key_line
 from certagent.certs.validate import UploadPolicy
 from certagent.cli._import_work import MAX_FILE, BatchJob, ImportItem, prepare_batch, read_file
 from certagent.errors import CertificateError, ConfigError, Expired, PemError
-from certagent.store.redis import PreparedRecord, RecordEncoder
+from certagent.store.base import PreparedRecord
+from certagent.store.redis import RecordEncoder
+from certagent.store.redis._records import fields_of
 from certagent.testing.certs import CA, combined, issue, make_ca, shared_key
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -72,7 +74,7 @@ def test_prepare_batch_gives_a_record_or_the_error_for_each_file(ca: CA, tmp_pat
     assert isinstance(first, PreparedRecord)
     assert first.record.names == ("good.example.test",)
     assert first.record.updated_at == NOW
-    fields = first.fields()
+    fields = fields_of(first)
     assert decrypt(ring, fields[b"key"], first.record.id.encode()) == key_part(good.read_bytes())
     assert b"PRIVATE KEY" not in first.payload
     assert isinstance(second, PemError)

@@ -7,8 +7,8 @@ import redis.exceptions
 
 from certagent.errors import ConfigError, StoreError, StoreUnavailable
 from certagent.store import open_store, parse_store_url
-from certagent.store._redis_conn import parse_ha_url, redis_errors
-from certagent.store.base import redact_url
+from certagent.store.redis._connection import redis_errors
+from certagent.store.url import parse_ha_url, redact_url
 
 
 def test_sentinel_url_parts() -> None:

@@ -30,20 +30,15 @@ from certagent.errors import (
     StoreUnavailable,
 )
 from certagent.service import daemon
-from certagent.store import (
-    DirectoryStore,
-    RedisStore,
-    _dirscan,
-    _dirwatch,
-    _files,
-    _inotify,
-    open_store,
-)
-from certagent.store._dirindex import ChangeLog
-from certagent.store._dirscan import remote_filesystem
-from certagent.store._threads import DaemonExecutor
-from certagent.store.base import Change, Store, redact_url
-from certagent.store.directory import MAX_FILE_SIZE, name_of_stem
+from certagent.store import DirectoryStore, RedisStore, open_store
+from certagent.store.base import Change, Store
+from certagent.store.directory import MAX_FILE_SIZE, _files, _inotify, name_of_stem
+from certagent.store.directory import _scan as _dirscan
+from certagent.store.directory import _watch as _dirwatch
+from certagent.store.directory._index import ChangeLog
+from certagent.store.directory._scan import remote_filesystem
+from certagent.store.directory._threads import DaemonExecutor
+from certagent.store.url import redact_url
 from certagent.testing import certbot
 from certagent.testing.certs import CA, KeyType, issue, issue_cert, make_ca, shared_key
 

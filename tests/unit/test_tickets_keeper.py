@@ -12,7 +12,8 @@ import pytest
 from certagent.certs.ticketkeys import fresh_key, keys_file
 from certagent.errors import StoreCorrupt
 from certagent.runtime.client import Command
-from certagent.service.tickets import LocalRing, TicketKeeper
+from certagent.service.tickets import TicketKeeper
+from certagent.store.directory import LocalRing
 
 
 class FakeHAProxy:

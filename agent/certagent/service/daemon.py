@@ -35,10 +35,9 @@ from certagent.service.namefilter import NameFilter, NotingStore, keep_built
 from certagent.service.notify import notify
 from certagent.service.ocspfetch import OcspFetcher
 from certagent.service.rewarm import Rewarmer
-from certagent.service.tickets import LocalRing, RingStore, TicketKeeper
+from certagent.service.tickets import RingStore, TicketKeeper
 from certagent.store import open_configured
 from certagent.store.base import Store
-from certagent.store.redis import RedisStore
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +91,7 @@ class Agent:
         self.tickets: TicketKeeper | None = None
         if settings.tls_keys_file:
             keys_path = Path(settings.tls_keys_file)
-            rings: RingStore = (
-                store.tickets
-                if isinstance(store, RedisStore)
-                else LocalRing(keys_path.with_name("ring.json"))
-            )
+            rings: RingStore = store.ticket_ring(keys_path.with_name("ring.json"))
             self.tickets = TicketKeeper(rings, keys_path, settings.ticket_key_rotation, self.loader)
             self.loader.on_session = self.tickets.sync
         self.live = LiveUpdater(
@@ -250,8 +245,7 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         await store.ping()
     except AgentError as exc:
         log.warning("store %s not reachable yet: %s", store.describe(), exc)
-    if isinstance(store, RedisStore):
-        await check_data_key(store, settings, store.keyring)  # ConfigError: refuse to start
+    await check_data_key(store, settings)  # ConfigError: refuse to start
     if agent.tickets is not None:
         await agent.tickets.start_quietly()
     api = await start_api(

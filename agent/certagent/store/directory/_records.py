@@ -1,7 +1,7 @@
 """The directory store's records: ids, metadata, and the agent's own writes.
 
 Blocking methods, run on the store's worker threads by
-:class:`certagent.store.directory.DirectoryStore` (which adds the timeouts).
+:class:`~certagent.store.directory.DirectoryStore` (which adds the timeouts).
 Paths are built only from ids checked by :meth:`Records.parse_id` or from
 validated names, so they never leave root.
 """
@@ -25,11 +25,12 @@ from certagent.errors import (
     StoreCorrupt,
     StoreUnavailable,
 )
-from certagent.store import _files
-from certagent.store._dirindex import FULLCHAIN, LIVE, file_stem, lineage_id, name_of_stem
-from certagent.store._dirscan import alias_target, list_live, list_root
-from certagent.store._files import atomic_write, exclusive_write, fsync_dir, signature
-from certagent.store.base import CertRecord, make_record
+from certagent.store.base import CertRecord
+from certagent.store.directory import _files
+from certagent.store.directory._files import atomic_write, exclusive_write, fsync_dir, signature
+from certagent.store.directory._index import FULLCHAIN, LIVE, file_stem, lineage_id, name_of_stem
+from certagent.store.directory._scan import alias_target, list_live, list_root
+from certagent.store.records import make_record
 
 __all__ = ["Records", "spellings"]
 

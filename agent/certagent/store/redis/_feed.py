@@ -1,9 +1,9 @@
 """The Redis store's change feed: the ``events`` stream, read with a loss check.
 
-:meth:`ChangeFeed.changes` reads the stream and XINFO STREAM in one MULTI/EXEC
+:meth:`StreamFeed.changes` reads the stream and XINFO STREAM in one MULTI/EXEC
 (on a cluster: XREAD, then XINFO STREAM, which errs on the side of a resync)
 and raises ChangesLost if events after the caller's position may have been
-trimmed (see :func:`~certagent.store._redis_layout.entries_lost`).  When there is
+trimmed (see :func:`entries_lost`).  When there is
 nothing to read it waits in ``XREAD BLOCK`` on a client of its own, whose
 socket timeout exceeds the longest block (:data:`MAX_BLOCK`), then reads again.
 Each call costs O(events read), whatever the number of records.
@@ -12,36 +12,33 @@ Each call costs O(events read), whatever the number of records.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
 import redis.exceptions
 
 from certagent.errors import ChangesLost, StoreError
-from certagent.store._redis_conn import close_client
-from certagent.store._redis_layout import (
-    ZERO,
-    Keys,
-    StreamId,
-    StreamInfo,
-    decode_change,
-    entries_lost,
-    parse_stream_id,
-    to_text,
-)
 from certagent.store.base import Change
+from certagent.store.redis._connection import close_client
+from certagent.store.redis._layout import ZERO, Keys, to_text
+from certagent.store.redis._records import decode_change
 
-__all__ = ["MAX_BLOCK", "ChangeFeed"]
+__all__ = ["MAX_BLOCK", "StreamFeed", "StreamId", "StreamInfo", "entries_lost", "parse_stream_id"]
 
 log = logging.getLogger(__name__)
 
-#: The longest one :meth:`ChangeFeed.changes` call blocks in Redis, in seconds.
+#: The longest one :meth:`StreamFeed.changes` call blocks in Redis, in seconds.
 MAX_BLOCK = 30.0
 _CHANGES_BATCH = 1000
+_STREAM_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})\Z")
+
+StreamId = tuple[int, int]
 
 
-class ChangeFeed:
+class StreamFeed:
     """Reads the events stream; redis-py errors escape (the store translates them)."""
 
     def __init__(
@@ -87,9 +84,7 @@ class ChangeFeed:
         # The blocking read only wakes us: read again with the loss check, atomically.
         return await self._read_after(after, position)
 
-    async def _read_after(
-        self, after: str, position: StreamId
-    ) -> tuple[tuple[Change, ...], str]:
+    async def _read_after(self, after: str, position: StreamId) -> tuple[tuple[Change, ...], str]:
         """The events after ``after`` (one batch) and the stream's state, in one MULTI/EXEC."""
         stream = self._keys.events()
         if self._cluster:
@@ -136,3 +131,54 @@ class ChangeFeed:
             raise StoreError(f"{self._url}: unexpected XINFO STREAM reply {type(raw).__name__}")
         return StreamInfo.from_reply(raw)
 
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What XINFO STREAM says about the events stream."""
+
+    first: StreamId | None
+    last: StreamId
+    max_deleted: StreamId
+    #: Entries trimmed or deleted since the stream was created; None before Redis 7.
+    removed: int | None
+
+    @classmethod
+    def from_reply(cls, raw: Mapping[str, object]) -> StreamInfo:
+        """From redis-py's parsed XINFO STREAM (keys decoded, values bytes)."""
+        last = parse_stream_id(to_text(raw.get("last-generated-id"))) or (0, 0)
+        first_entry = raw.get("first-entry")
+        first = (
+            parse_stream_id(to_text(first_entry[0]))
+            if isinstance(first_entry, (tuple, list)) and first_entry
+            else None
+        )
+        max_deleted = parse_stream_id(to_text(raw.get("max-deleted-entry-id"))) or (0, 0)
+        added, length = raw.get("entries-added"), raw.get("length")
+        removed = added - length if isinstance(added, int) and isinstance(length, int) else None
+        return cls(first=first, last=last, max_deleted=max_deleted, removed=removed)
+
+
+def parse_stream_id(raw: str) -> StreamId | None:
+    match = _STREAM_ID.match(raw)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def entries_lost(after: StreamId, info: StreamInfo | None) -> bool:
+    """Whether the stream may have dropped an event newer than position ``after``.
+
+    Trimming removes the oldest entries, so if ``after`` is older than the first
+    entry left, the events between them may be gone.  That errs on the safe
+    side by one entry: when ``after`` was the very last entry trimmed, nothing
+    newer was lost, but that cannot be told apart.  ``removed == 0`` (Redis 7)
+    proves nothing was ever trimmed, which keeps ``0-0`` usable.  ``info`` is
+    None when the stream does not exist.
+    """
+    if info is None:
+        return after != (0, 0)  # the stream was deleted: whatever it held is gone
+    if after > info.last or info.max_deleted > after:
+        return True  # not a position in this stream, or an XDEL after it
+    if info.removed == 0:
+        return False
+    if info.first is None:
+        return after < info.last
+    return after < info.first

@@ -15,6 +15,7 @@ unless the URL says ``?sentinel_auth=yes``: then with the same user and password
 (Sentinel's ``requirepass``, set like the data nodes' one), or it carries the
 sentinels' own: ``?sentinel_password=...`` (and ``sentinel_username=...``), which
 :func:`certagent.store.open_configured` adds from ``store_sentinel_password_file``.
+The URLs are taken apart by :mod:`certagent.store.url`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Literal, cast
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import cast
 
 import redis.asyncio
 import redis.exceptions
@@ -36,108 +35,14 @@ from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnec
 from redis.backoff import NoBackoff
 
 from certagent.errors import ConfigError, StoreError, StoreUnavailable
+from certagent.store.url import CLUSTER_SCHEME, SENTINEL_SCHEME, parse_ha_url
 
-__all__ = [
-    "CLUSTER_SCHEME",
-    "MAX_CONNECTIONS",
-    "SENTINEL_SCHEME",
-    "HaUrl",
-    "close_client",
-    "connect",
-    "parse_ha_url",
-    "redis_errors",
-]
+__all__ = ["MAX_CONNECTIONS", "close_client", "connect", "redis_errors"]
 
 # Connections per pool; more concurrent commands wait (up to the timeout) for one.
 MAX_CONNECTIONS = 32
-SENTINEL_SCHEME = "redis+sentinel"
-CLUSTER_SCHEME = "redis+cluster"
 # A Redis Cluster client opens up to this many connections per node (more fail).
 _CLUSTER_CONNECTIONS = 256
-_HOST_PORT = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})\Z")
-_SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-
-
-@dataclass(frozen=True)
-class HaUrl:
-    """A ``redis+sentinel://`` or ``redis+cluster://`` URL taken apart (no I/O)."""
-
-    kind: Literal["sentinel", "cluster"]
-    nodes: tuple[tuple[str, int], ...]
-    service: str  # the Sentinel service name; "" for a cluster
-    db: int
-    username: str | None
-    password: str | None
-    sentinel_auth: bool = False  # the sentinels want the same credentials
-    sentinel_username: str | None = None  # the sentinels' own credentials
-    sentinel_password: str | None = None
-
-
-def parse_ha_url(url: str, shown: str) -> HaUrl:
-    """Take a Sentinel or Cluster URL apart; ConfigError naming ``shown`` if it is wrong."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    hosts = parts.netloc.rpartition("@")[2]
-    nodes: list[tuple[str, int]] = []
-    for item in hosts.split(","):
-        match = _HOST_PORT.match(item.strip())
-        if not match or not 0 < int(match.group(2)) < 65536:
-            raise ConfigError(
-                f"store URL {shown!r}: {item.strip()[:60]!r} is not host:port"
-                " (list every node as host:port, separated by commas)"
-            )
-        nodes.append((match.group(1).strip("[]"), int(match.group(2))))
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    password = parts.password or query.get("password")
-    username = parts.username or query.get("username")
-    path = [p for p in parts.path.split("/") if p]
-    auth = query.get("sentinel_auth", "no").lower()
-    if auth not in ("yes", "no"):
-        raise ConfigError(f"store URL {shown!r}: sentinel_auth is yes or no, not {auth[:20]!r}")
-    sentinel_username = query.get("sentinel_username") or None
-    sentinel_password = query.get("sentinel_password") or None
-    own = sentinel_username is not None or sentinel_password is not None
-    if (auth == "yes" or own) and scheme != SENTINEL_SCHEME:
-        raise ConfigError(
-            f"store URL {shown!r}: sentinel_auth, sentinel_username and sentinel_password"
-            " are for redis+sentinel:// URLs"
-        )
-    if auth == "yes" and own:
-        raise ConfigError(
-            f"store URL {shown!r}: give either sentinel_auth=yes (the data nodes' credentials)"
-            " or the sentinels' own (store_sentinel_password_file), not both"
-        )
-    if scheme == SENTINEL_SCHEME:
-        if not path or len(path) > 2 or not _SERVICE.match(path[0]):
-            raise ConfigError(
-                f"store URL {shown!r}: name the Sentinel service (and optionally the db):"
-                " redis+sentinel://host:26379,host:26380/mymaster/0"
-            )
-        if len(path) == 2 and not path[1].isdigit():
-            raise ConfigError(f"store URL {shown!r}: the db must be a number, not {path[1]!r}")
-        db = int(path[1]) if len(path) == 2 else 0
-        kind: Literal["sentinel", "cluster"] = "sentinel"
-        service = path[0]
-    elif scheme == CLUSTER_SCHEME:
-        if path and path != ["0"]:
-            raise ConfigError(
-                f"store URL {shown!r}: a Redis Cluster has only db 0; give no path:"
-                " redis+cluster://host:7000,host:7001"
-            )
-        kind, service, db = "cluster", "", 0
-    else:
-        raise ConfigError(f"store URL {shown!r} is neither Sentinel nor Cluster")
-    return HaUrl(
-        kind,
-        tuple(nodes),
-        service,
-        db,
-        unquote(username) if username else None,
-        unquote(password) if password else None,
-        sentinel_auth=auth == "yes",
-        sentinel_username=sentinel_username,
-        sentinel_password=sentinel_password,
-    )
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):

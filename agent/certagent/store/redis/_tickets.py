@@ -24,8 +24,8 @@ from certagent.certs import keycrypt
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ticketkeys import RING_SIZE, TicketRing, parse_key
 from certagent.errors import KeyDecryptError, RotationInProgress, StoreCorrupt
-from certagent.store._redis_conn import redis_errors
-from certagent.store._redis_layout import Keys, to_text
+from certagent.store.redis._connection import redis_errors
+from certagent.store.redis._layout import Keys, to_text
 
 __all__ = ["LOCK_SECONDS", "RedisTicketRing"]
 
@@ -41,7 +41,7 @@ return 0
 
 
 class RedisTicketRing:
-    """Reads and rotates the ring; a :class:`~certagent.service.tickets.RingStore`."""
+    """Reads and rotates the ring; a :class:`~certagent.store.base.RingStore`."""
 
     def __init__(
         self,

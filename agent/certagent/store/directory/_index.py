@@ -1,7 +1,7 @@
 """What the directory store knows about its root: records, certbot SANs, the change log.
 
 Pure data, no I/O; owned by the event loop (worker threads only compute
-:class:`Lineage` and :class:`~certagent.store._files.Entry` values, the loop
+:class:`Lineage` and :class:`~certagent.store.directory._files.Entry` values, the loop
 applies them).
 
 * ``files``: every record file and alias directly in root, by file name.
@@ -29,8 +29,8 @@ from typing import Literal
 
 from certagent.certs import hostname
 from certagent.errors import ChangesLost, InvalidHostname
-from certagent.store._files import Entry
 from certagent.store.base import Change, ChangeKind
+from certagent.store.directory._files import Entry
 
 __all__ = [
     "FULLCHAIN",

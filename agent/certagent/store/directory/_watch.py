@@ -1,6 +1,6 @@
 """The directory store's view of its root, kept current: inotify, or polling as a fallback.
 
-:class:`DirWatcher` builds :class:`~certagent.store._dirindex.DirState` (the
+:class:`DirWatcher` builds :class:`~certagent.store.directory._index.DirState` (the
 record files, the certbot lineages and their SAN index) once, in chunks on
 worker threads, then keeps it current and turns every difference into a
 :class:`~certagent.store.base.Change` in its :class:`ChangeLog`:
@@ -14,7 +14,7 @@ worker threads, then keeps it current and turns every difference into a
   shows up as events in ``live/<lineage>/``.  A queue overflow or a lost root
   means one full rescan.
 * **polling** every ``poll_interval`` s, when inotify cannot be trusted or used:
-  ``dir_watch = "poll"``, a network filesystem (``_dirscan.remote_filesystem``), no
+  ``dir_watch = "poll"``, a network filesystem (``_scan.remote_filesystem``), no
   inotify on this system, or the watch limit (``fs.inotify.max_user_watches``)
   reached.  One WARNING says why.  A full rescan costs about 2 ``stat`` per
   lineage and file (0.25-0.4 s of CPU for 20,000 lineages); the wait between
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 from certagent.errors import StoreUnavailable
-from certagent.store import _dirscan, _inotify
-from certagent.store._dirindex import (
+from certagent.store.base import Change
+from certagent.store.directory import _inotify, _scan
+from certagent.store.directory._index import (
     FULLCHAIN,
     LIVE,
     PRIVKEY,
@@ -45,8 +46,7 @@ from certagent.store._dirindex import (
     DirState,
     name_of_stem,
 )
-from certagent.store._dirscan import file_entries, lineage_entries, list_live, list_root
-from certagent.store.base import Change
+from certagent.store.directory._scan import file_entries, lineage_entries, list_live, list_root
 
 __all__ = ["CHUNK", "SCAN_TIMEOUT", "DirWatcher", "Run", "WatchMode"]
 
@@ -231,8 +231,8 @@ class DirWatcher:
                 await self._nap(self.poll_interval)
 
     async def _arm(self) -> None:
-        mountinfo = await self._blocking("reading /proc/self/mountinfo", _dirscan.read_mountinfo)
-        kind = _dirscan.remote_filesystem(self.root, mountinfo)
+        mountinfo = await self._blocking("reading /proc/self/mountinfo", _scan.read_mountinfo)
+        kind = _scan.remote_filesystem(self.root, mountinfo)
         if kind is not None:
             self._fall_back(f"{self.root} is on a {kind} filesystem, whose changes made"
                             " elsewhere inotify does not report")

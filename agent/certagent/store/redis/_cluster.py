@@ -44,49 +44,51 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import redis.asyncio
 import redis.exceptions
-from redis.typing import EncodableT, FieldT
 
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts, check_for_chain
 from certagent.certs.pem import CertBundle
-from certagent.errors import DuplicateCertificate, NotFound, StoreCorrupt, StoreError
-from certagent.store._redis_bulk import BulkResult, IdTaken, PreparedRecord
-from certagent.store._redis_layout import (
+from certagent.errors import NotFound, StoreCorrupt, StoreError
+from certagent.store.base import CertRecord, IdTaken, PreparedRecord
+from certagent.store.records import make_record
+from certagent.store.redis._layout import (
     F_CHAIN,
+    F_DROPPED,
     F_KEY,
     F_NAMES,
     F_NOT_AFTER,
     F_SHA256,
     META_FIELDS,
     Keys,
-    decode_record,
-    encode_event,
-    encode_record,
-    expiry_score,
-    meta_fields,
-    parse_names,
     to_bytes,
     to_text,
     valid_id,
 )
-from certagent.store.base import CertRecord, make_record
+from certagent.store.redis._records import (
+    EventKind,
+    decode_record,
+    decode_record_time,
+    encode_event,
+    encode_record,
+    expiry_score,
+    meta_fields,
+    pack,
+    parse_names,
+)
+from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Stored, duplicate
 
-__all__ = ["F_DROPPED", "AddOutcome", "ClusterWrites", "Stored", "duplicate", "pack"]
+__all__ = ["CLAIM", "LOCK_SECONDS", "RELEASE", "REPLACE", "SET_IF", "WRITE_NEW", "ClusterWriter"]
 
 log = logging.getLogger(__name__)
 
-#: Names a replace dropped, kept in the record until they are out of the name sets.
-F_DROPPED = "names_dropped"
 #: How long a record's write lock lasts if its holder dies, and how long a writer waits for it.
 LOCK_SECONDS = 10.0
 LOCK_WAIT = 3.0
-_ATTEMPTS = 5
 
 _SPLIT = """
 local function split(payload)
@@ -148,19 +150,8 @@ return 1
 """
 
 
-@dataclass(frozen=True)
-class Stored:
-    """The leaf is already stored, as record ``owner``."""
-
-    owner: str
-
-
-AddOutcome = CertRecord | Stored | IdTaken | StoreError
-EventKind = Literal["put", "delete"]
-
-
-class ClusterWrites:
-    """Every write of :class:`~certagent.store.redis.RedisStore` on a cluster.
+class ClusterWriter:
+    """A :class:`~certagent.store.redis._writer.RecordWriter` for a Redis Cluster.
 
     redis-py's connection errors escape (the store translates them); a Redis
     error on one record's step becomes that record's StoreError.
@@ -174,7 +165,12 @@ class ClusterWrites:
 
     # --- add --------------------------------------------------------------------------
 
-    async def add(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
+    async def add(self, prepared: PreparedRecord) -> AddOutcome:
+        """One new record: :meth:`add_batch` of one."""
+        (outcome,) = await self.add_batch([prepared])
+        return outcome
+
+    async def add_batch(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
         """Add new records (fresh ids), in order; a leaf stored already gives Stored."""
         keys = self._keys
         out: list[AddOutcome | None] = [None] * len(records)
@@ -254,18 +250,6 @@ class ClusterWrites:
             out[i] = records[i].record
         return [o if o is not None else StoreError(f"{self._url}: add: no result") for o in out]
 
-    def bulk_results(
-        self, records: Sequence[PreparedRecord], got: list[AddOutcome]
-    ) -> list[BulkResult]:
-        """:meth:`add` as :class:`~certagent.store._redis_bulk.BulkAdds` reports it."""
-        results: list[BulkResult] = []
-        for prepared, outcome in zip(records, got, strict=True):
-            if isinstance(outcome, Stored):
-                results.append(duplicate(prepared.record.fingerprint_sha256, outcome.owner))
-            else:
-                results.append(outcome)
-        return results
-
     async def _finish_add(self, cert_id: str) -> None:
         """Complete an add that stopped after claiming its leaf: names, then the commit."""
         keys = self._keys
@@ -326,7 +310,7 @@ class ClusterWrites:
         keys = self._keys
         cert_key = keys.cert(cert_id)
         new_fp = keys.fingerprint(bundle.fingerprint_sha256)
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             old, dropped_before = await self._read(cert_id)
             owner = to_text(await self._client.get(new_fp))
             if owner and owner != cert_id:
@@ -476,28 +460,3 @@ class ClusterWrites:
 
     def _failed(self, record: CertRecord, reply: object) -> StoreError:
         return StoreError(f"{self._url}: add {record.fingerprint_sha256[:16]}: failed: {reply}")
-
-
-def duplicate(
-    sha256: str, owner: str, advice: str = "replace or delete that record instead"
-) -> DuplicateCertificate:
-    return DuplicateCertificate(
-        f"this certificate (sha256 {sha256}) is already stored as {owner}; {advice}"
-    )
-
-
-def pack(fields: dict[FieldT, EncodableT]) -> bytes:
-    """A hash's fields and values joined by NUL bytes (as the scripts split them)."""
-    parts: list[bytes] = []
-    for name, value in fields.items():
-        for part in (name, value):
-            raw = to_bytes(part)
-            if raw is None or b"\0" in raw:
-                raise StoreError("a record field is not NUL-free bytes")
-            parts.append(raw)
-    return b"\0".join(parts)
-
-
-def decode_record_time(raw: bytes) -> float:
-    """The ``expiry`` score of a record's ``not_after`` field."""
-    return expiry_score(datetime.fromisoformat(raw.decode("ascii")))

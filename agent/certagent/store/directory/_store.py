@@ -16,13 +16,13 @@ the first of these that exists decides::
 A record's id is its path relative to ``root`` (``live/L/fullchain.pem`` for
 certbot).  Only files whose name is exactly what a lookup builds (a valid
 lowercase name, ``_wildcard.`` or ``*.`` for wildcards) are records.  The SAN
-index (name -> lineages) is kept by :class:`~certagent.store._dirwatch.DirWatcher`,
+index (name -> lineages) is kept by :class:`~certagent.store.directory._watch.DirWatcher`,
 which also feeds :meth:`DirectoryStore.changes`: inotify, or polling every
 ``poll_interval`` s where inotify is unavailable.  It starts with the first
 lookup or change-feed call.
 
 Every filesystem call runs on the store's own bounded pool of daemon threads
-(:class:`~certagent.store._threads.DaemonExecutor`) under a timeout: a read
+(:class:`~certagent.store.directory._threads.DaemonExecutor`) under a timeout: a read
 that hangs (a dead NFS server, a FIFO) fails its lookup after ``read_timeout``
 s with StoreUnavailable naming the path, and never delays :meth:`close` or the
 agent's exit.  Only regular files are read, at most 1 MiB each.
@@ -56,25 +56,16 @@ from certagent.certs import hostname
 from certagent.certs.ocsp import OcspFacts, check_for_chain
 from certagent.certs.pem import CertBundle
 from certagent.errors import NotFound, StoreCorrupt, StoreError, StoreUnavailable
-from certagent.store import _files
-from certagent.store._dirindex import (
-    FULLCHAIN,
-    LIVE,
-    PRIVKEY,
-    WILDCARD_PREFIX,
-    file_stem,
-    name_of_stem,
-)
-from certagent.store._dirrecords import Records, spellings
-from certagent.store._dirscan import alias_target
-from certagent.store._dirwatch import SCAN_TIMEOUT, DirWatcher, WatchMode
-from certagent.store._files import MAX_FILE_SIZE, ocsp_path
-from certagent.store._threads import DaemonExecutor
-from certagent.store.base import (
-    CertRecord,
-    Change,
-    Page,
-    StoredCertificate,
+from certagent.store.base import CertRecord, Change, Page, StoredCertificate
+from certagent.store.directory import _files
+from certagent.store.directory._files import ocsp_path
+from certagent.store.directory._index import FULLCHAIN, LIVE, PRIVKEY, file_stem
+from certagent.store.directory._records import Records, spellings
+from certagent.store.directory._scan import alias_target
+from certagent.store.directory._threads import DaemonExecutor
+from certagent.store.directory._tickets import LocalRing
+from certagent.store.directory._watch import SCAN_TIMEOUT, DirWatcher, WatchMode
+from certagent.store.records import (
     best_first,
     candidate_names,
     check_record,
@@ -82,15 +73,7 @@ from certagent.store.base import (
     encode_cursor,
 )
 
-__all__ = [
-    "DEFAULT_POLL_INTERVAL",
-    "MAX_FILE_SIZE",
-    "READ_TIMEOUT",
-    "WILDCARD_PREFIX",
-    "DirectoryStore",
-    "file_stem",
-    "name_of_stem",
-]
+__all__ = ["DEFAULT_POLL_INTERVAL", "READ_TIMEOUT", "DirectoryStore"]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +118,12 @@ def _reading(progress: builtins.list[str], suffix: str = "") -> str:
 
 
 class DirectoryStore:
-    """A :class:`~certagent.store.base.Store` on a local directory."""
+    """A :class:`~certagent.store.base.Store` on a local directory.
+
+    What it offers beyond the method roles: a ticket ring of this node only
+    (:class:`LocalRing`), no data keys (private keys are files, mode 0600), no
+    bulk adds.
+    """
 
     def __init__(
         self,
@@ -160,6 +148,18 @@ class DirectoryStore:
 
     def describe(self) -> str:
         return self._uri
+
+    def ticket_ring(self, local_file: Path) -> LocalRing:
+        """The ring in ``local_file``: one node's (a directory is not shared by agents)."""
+        return LocalRing(local_file)
+
+    def data_keys(self) -> None:
+        """None: private keys are kept as PEM files (mode 0600), not encrypted."""
+        return None
+
+    def bulk(self) -> None:
+        """None: records are added one by one."""
+        return None
 
     async def names(self) -> AsyncIterator[str]:
         """The names of every record, page by page (O(N); see Store.names)."""

@@ -1,6 +1,6 @@
 """The directory store's blocking scans: what is in root and ``live/``, run on worker threads.
 
-Plain functions on paths, called by :class:`certagent.store._dirwatch.DirWatcher`
+Plain functions on paths, called by :class:`certagent.store.directory._watch.DirWatcher`
 (and the record listing) through the store's bounded threads.  Costs: one
 ``stat`` per file; two ``stat`` per lineage, plus one read and one parse
 (≈80 µs) for a lineage that is new or changed.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from certagent.certs.pem import leaf_names
 from certagent.errors import CertificateError, StoreCorrupt, StoreUnavailable
-from certagent.store import _inotify
-from certagent.store._dirindex import FULLCHAIN, LIVE, PRIVKEY, Lineage, name_of_stem
-from certagent.store._files import Entry, read_regular, signature
+from certagent.store.directory import _inotify
+from certagent.store.directory._files import Entry, read_regular, signature
+from certagent.store.directory._index import FULLCHAIN, LIVE, PRIVKEY, Lineage, name_of_stem
 
 __all__ = [
     "REMOTE_FILESYSTEMS",

@@ -1,7 +1,7 @@
 """Files for the directory store: bounded reads, atomic writes, change signatures.
 
 Plain blocking functions on paths, run in the store's worker threads;
-:mod:`certagent.store.directory` decides which paths.
+:class:`~certagent.store.directory.DirectoryStore` decides which paths.
 """
 
 from __future__ import annotations

@@ -22,22 +22,52 @@ from redis.commands.core import AsyncScript
 from certagent.certs import keycrypt
 from certagent.certs.keycrypt import KeyRing
 from certagent.errors import KeyDecryptError, StoreError
-from certagent.store._redis_conn import MAX_CONNECTIONS, redis_errors
-from certagent.store._redis_layout import (
-    F_CHAIN,
-    F_KEY,
-    F_OCSP,
-    LOOKUP_SCRIPT,
-    Keys,
-    to_bytes,
-    to_text,
-    valid_id,
-)
-from certagent.store.base import StoredCertificate, best_first, candidate_names, check_record
+from certagent.store.base import StoredCertificate
+from certagent.store.records import best_first, candidate_names, check_record
+from certagent.store.redis._connection import MAX_CONNECTIONS, redis_errors
+from certagent.store.redis._layout import F_CHAIN, F_KEY, F_OCSP, Keys, to_bytes, to_text, valid_id
 
-__all__ = ["Lookup", "wrong_type"]
+__all__ = ["LOOKUP_SCRIPT", "Lookup", "wrong_type"]
 
 log = logging.getLogger(__name__)
+
+#: The lazy path's lookup in one round trip (EVALSHA).  KEYS: the name sets to try, in
+#: order (the host, then its wildcard); ARGV: the record key prefix, then the fields.
+#: Reply: ``{k, members_1 .. members_k [, ids, rows]}``: the members of each set examined
+#: (or its error text, e.g. WRONGTYPE), stopping at the first set holding an id that
+#: :func:`valid_id` accepts; then that set's valid ids and, for each, ``HMGET`` of the
+#: fields (or its error text).  The caller re-validates everything it gets back.
+LOOKUP_SCRIPT = """
+local prefix, examined = ARGV[1], {}
+for i, key in ipairs(KEYS) do
+  local members = redis.pcall('SMEMBERS', key)
+  if members.err then
+    examined[i] = members.err
+  else
+    examined[i] = members
+    local ids, rows = {}, {}
+    for _, id in ipairs(members) do
+      if #id <= 64 and string.find(id, '^[A-Za-z0-9][A-Za-z0-9_.%-]*$') then
+        ids[#ids + 1] = id
+      end
+    end
+    if #ids > 0 then
+      for j, id in ipairs(ids) do
+        local row = redis.pcall('HMGET', prefix .. id, unpack(ARGV, 2))
+        if row.err then rows[j] = row.err else rows[j] = row end
+      end
+      local out = {#examined}
+      for _, m in ipairs(examined) do out[#out + 1] = m end
+      out[#out + 1] = ids
+      out[#out + 1] = rows
+      return out
+    end
+  end
+end
+local out = {#examined}
+for _, m in ipairs(examined) do out[#out + 1] = m end
+return out
+"""
 
 
 class Lookup:
