@@ -43,8 +43,8 @@ from certagent.testing.tlsclient import client_context
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging", ("logging/__init__.py",)),
     ("OCSP scheduling", ("service/ocspfetch.py",)),
-    ("record parsing and key check (PEM, x509, key match)", ("certs/pem.py", "store/base.py")),
-    ("store lookup: redis-py and the Lua script", ("redis/", "store/redis.py", "hiredis")),
+    ("record parsing and key check (PEM, x509, key match)", ("certs/pem.py", "store/records.py")),
+    ("store lookup: redis-py and the Lua script", ("redis/", "store/redis/", "hiredis")),
     ("victim choice (sampling, usage parsing)", ("runtime/usage.py",)),
     (
         "runtime API: encode, write, read, split replies",
