@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "init",
         help="write a working haproxy.cfg + certagent.toml setup into DIR",
         description="Write into DIR: haproxy.cfg, certagent.toml, certagent.lua, an empty "
-        "crt-list and map, and a self-signed default certificate. Then run "
+        "crt-list, and a self-signed default certificate. Then run "
         "'haproxy -W -db -f DIR/haproxy.cfg' and 'certagent run --config DIR/certagent.toml'.",
     )
     pi.add_argument(
