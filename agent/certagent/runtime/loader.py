@@ -5,8 +5,8 @@ commands that must not interleave with another load (2.6.12 has one global
 certificate transaction), so every write runs under one lock.  Loads wait in
 two FIFO queues -- clients first, re-warming after a reload second -- and go
 out in batches (:mod:`certagent.runtime.batch`); every command is built by
-:mod:`certagent.runtime.protocol`.  A client's load that is not
-done within its hold gets :class:`~certagent.errors.Busy`.
+:mod:`certagent.runtime.protocol`.  A client's load that is not done within
+its hold gets :class:`~certagent.errors.Busy`.
 
 Mark discipline: a host is marked loaded (fe_sni's table, ``gpt0`` = its slot
 number) only while its certificate is committed in that slot.  Recycling a
