@@ -63,12 +63,12 @@ class RecordingLoader:
             s = Slot(self.pool.slot_name(len(self.pool) + 1), cert.bundle.fingerprint_sha1, cert.id)
             self.pool.place(s)
             slots.append(s)
-        self.pool.map_host(host, slots)
+        self.pool.mark_host(host, slots)
         return tuple(slots)
 
     async def remark(self, host: str, deadline: float) -> bool:
         self.remarks.append(host)
-        return self.pool.is_mapped(host)
+        return self.pool.is_marked(host)
 
     async def still_current(self) -> bool:
         return self.current
@@ -215,7 +215,7 @@ async def test_a_request_from_the_replaced_worker_is_loaded_into_the_newest(
     assert loader.switches == [] and loader.installs == ["a.example.test"]
 
 
-async def test_a_mapped_host_asked_again_after_an_unnoticed_reload_is_loaded_again(
+async def test_a_marked_host_asked_again_after_an_unnoticed_reload_is_loaded_again(
     stored: StoredCertificate,
 ) -> None:
     ensurer, _, loader, _ = make(stored)

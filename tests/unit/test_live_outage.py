@@ -32,16 +32,16 @@ class Loader:
         for i in range(slots):
             slot = Slot(self.pool.slot_name(i + 1), f"FP{i}", f"id{i}")
             self.pool.place(slot)
-            self.pool.map_host(f"h{i}.test", (slot,))
+            self.pool.mark_host(f"h{i}.test", (slot,))
         self.unloaded: list[str] = []
-        self.unmapped: list[str] = []
+        self.unmarked: list[str] = []
 
     async def unload(self, name: str, deadline: float) -> bool:
         self.unloaded.append(name)
         return True
 
-    async def unmap(self, host: str, deadline: float) -> None:
-        self.unmapped.append(host)
+    async def unmark(self, host: str, deadline: float) -> None:
+        self.unmarked.append(host)
 
 
 def make(slots: int, hold: float = 0.05) -> tuple[LiveUpdater, Loader]:
@@ -58,7 +58,7 @@ def make(slots: int, hold: float = 0.05) -> tuple[LiveUpdater, Loader]:
 async def test_a_resync_against_an_empty_store_unloads_nothing() -> None:
     live, loader = make(30)
     await live.reconcile(loader.pool.slots)
-    assert loader.unloaded == [] and loader.unmapped == []
+    assert loader.unloaded == [] and loader.unmarked == []
     assert live.counters.orphans == 30
 
 

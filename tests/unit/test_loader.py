@@ -13,11 +13,11 @@ import pytest
 
 from certagent.certs.pem import parse_bundle
 from certagent.errors import AgentError, Busy
-from certagent.runtime.client import Command, Identity
 from certagent.runtime.haproxycfg import HAProxyNames
 from certagent.runtime.loader import Loader
+from certagent.runtime.loadqueue import Priority
 from certagent.runtime.pool import SlotPool, SlotState
-from certagent.runtime.requests import Priority
+from certagent.runtime.protocol import Command, Identity
 from certagent.store.base import StoredCertificate
 from certagent.testing.certs import issue as issue_cert_pair
 from certagent.testing.certs import make_ca
@@ -65,13 +65,9 @@ class ScriptedRuntime:
         self.round_trips.append([c.args for c in commands])
         return [self.respond(c.args) for c in commands]
 
-    async def execute_cert(self, *args: str, payload: bytes | None = None) -> str:
-        self.round_trips.append([args])
-        return self.respond(args)
-
-    async def execute(self, *args: str) -> str:
-        self.round_trips.append([args])
-        return self.respond(args)
+    async def execute(self, command: Command) -> str:
+        self.round_trips.append([command.args])
+        return self.respond(command.args)
 
     async def close(self) -> None:
         self.connected = False
@@ -128,7 +124,7 @@ def test_a_failed_commit_into_a_new_slot_lists_nothing_and_leaves_no_mark() -> N
         ("set", "table", "fe_sni", "key", "a.example.test", "data.gpt0", "0"),
         ("clear", "table", "fe_sni", "key", "a.example.test"),
     ]
-    assert not pool.is_mapped("a.example.test")
+    assert not pool.is_marked("a.example.test")
     assert len(pool) == 0
     # the name HAProxy now knows is reused (no `new`) by the next load
     assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.KNOWN)]
@@ -159,14 +155,18 @@ def test_a_spare_store_listed_after_a_failed_commit_gets_the_placeholder() -> No
         ("set", "ssl", "cert"), ("commit", "ssl", "cert"), ("abort", "ssl", "cert"),
         ("add", "ssl", "crt-list"), ("set", "table", "fe_sni"),
     ]  # fmt: skip
-    assert placeholder == [[("set", "ssl", "cert", spare)], [("commit", "ssl", "cert", spare)]]
+    # the placeholder goes in by the batch's own transaction: one write, abort included
+    assert placeholder == [
+        [("set", "ssl", "cert", spare), ("commit", "ssl", "cert", spare),
+         ("abort", "ssl", "cert", spare)],
+    ]  # fmt: skip
     assert [c[:3] for c in unmark] == [("set", "table", "fe_sni"), ("clear", "table", "fe_sni")]
     assert pool.free_slots == (spare,)
     assert pool.growth(2) == [  # the leftover name is offered once, as a listed slot
         (spare, SlotState.LISTED),
         ("/certagent/slot-00002.pem", SlotState.NEW),
     ]
-    assert not pool.is_mapped("a.example.test")
+    assert not pool.is_marked("a.example.test")
 
 
 def test_recycling_unmarks_the_old_hosts_first_and_marks_the_new_one_after() -> None:
@@ -190,7 +190,7 @@ def test_recycling_unmarks_the_old_hosts_first_and_marks_the_new_one_after() -> 
     # the victim's usage was read in a round trip of its own, before
     assert ("show", "table", "fe_sni", "key", "a.example.test") in runtime.round_trips[0]
     assert runtime.round_trips[-1] is load
-    assert not pool.is_mapped("a.example.test")
+    assert not pool.is_marked("a.example.test")
     assert loader.counters.recycles == 1
 
 
@@ -240,7 +240,7 @@ def test_an_entry_in_use_does_not_fail_the_load() -> None:
     asyncio.run(loader.install("a.example.test", [stored("a.example.test")], 1.0))
     slots = asyncio.run(loader.install("b.example.test", [stored("b.example.test")], 1.0))
     assert [s.name for s in slots] == ["/certagent/slot-00001.pem"]
-    assert pool.is_mapped("b.example.test") and not pool.is_mapped("a.example.test")
+    assert pool.is_marked("b.example.test") and not pool.is_marked("a.example.test")
     assert loader.counters.failures == 0 and loader.counters.recycles == 1
 
 
@@ -263,7 +263,7 @@ def test_a_load_not_done_within_its_hold_is_busy_and_leaves_the_queue() -> None:
         assert loader.waiting() == 0  # b left the queue; a is being written
         gate.set()
         assert [s.name for s in await first] == ["/certagent/slot-00001.pem"]
-        assert not pool.is_mapped("b.example.test")
+        assert not pool.is_marked("b.example.test")
         assert loader.counters.busy == 1
 
     asyncio.run(main())

@@ -21,7 +21,7 @@ def snapshot(**over: Any) -> dict[str, Any]:
         "loader": {"loads": 4, "recycles": 2, "failures": 1},
         "live": {"changes": 8, "rotated": 1, "unloaded": 2, "orphans": 0},
         "load_seconds": hist.snapshot(),
-        "slots_used": 3, "capacity": 10, "hosts_mapped": 5, "waiting_loads": 0,
+        "slots_used": 3, "capacity": 10, "hosts_marked": 5, "waiting_loads": 0,
         "store_up": True, "haproxy_up": False,
         "expiry": {"window_days": 21, "expiring": 2, "expired": 1, "soonest": 1.7e9},
         "tickets": {"rotated_at": 1.7e9, "generation": 4},
@@ -49,7 +49,8 @@ def test_every_metric_with_its_value() -> None:
     assert got[("certagent_live_changes_total", ())] == 8
     assert got[("certagent_slots_used", ())] == 3
     assert got[("certagent_slots_capacity", ())] == 10
-    assert got[("certagent_hosts_mapped", ())] == 5
+    assert got[("certagent_hosts_marked", ())] == 5
+    assert got[("certagent_hosts_mapped", ())] == 5  # the old name, for one release
     assert got[("certagent_store_up", ())] == 1
     assert got[("certagent_haproxy_up", ())] == 0
     assert got[("certagent_certificates_expiring", ())] == 2

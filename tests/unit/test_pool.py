@@ -37,11 +37,11 @@ def test_spare_names_are_reused_before_new_ones() -> None:
 def test_lookup_by_host_and_fingerprint() -> None:
     pool = SlotPool(5, PREFIX)
     s = slot(pool, 1, "W", "a.w.test")
-    pool.map_host("b.w.test", [s])
+    pool.mark_host("b.w.test", [s])
     assert pool.for_host("b.w.test") == (s,)
     assert pool.for_fingerprint("W") is s
     assert pool.for_host("c.w.test") == ()
-    assert not pool.is_mapped("c.w.test")
+    assert not pool.is_marked("c.w.test")
 
 
 def test_recycling_a_slot_forgets_its_old_certificate_and_hosts() -> None:
@@ -50,8 +50,8 @@ def test_recycling_a_slot_forgets_its_old_certificate_and_hosts() -> None:
     pool.drop_hosts(old)
     new = Slot(old.name, "B", "id-B", {"b.test"}, 5.0)
     pool.place(new)
-    assert not pool.is_mapped("a.test")
-    assert not pool.is_mapped("a2.test")
+    assert not pool.is_marked("a.test")
+    assert not pool.is_marked("a2.test")
     assert pool.for_fingerprint("A") is None
     assert pool.for_host("b.test") == (new,)
     assert pool.slots == (new,)
@@ -61,16 +61,16 @@ def test_place_over_an_existing_slot_without_drop_also_forgets() -> None:
     pool = SlotPool(1, PREFIX)
     slot(pool, 1, "A", "a.test")
     new = slot(pool, 1, "B", "b.test")
-    assert not pool.is_mapped("a.test")
+    assert not pool.is_marked("a.test")
     assert pool.for_fingerprint("B") is new
 
 
-def test_unmap_host_only_touches_that_host() -> None:
+def test_unmark_host_only_touches_that_host() -> None:
     pool = SlotPool(2, PREFIX)
     s = slot(pool, 1, "A", "a.test", "b.test")
-    pool.unmap_host("a.test")
+    pool.unmark_host("a.test")
     assert s.hosts == {"b.test"}
-    assert not pool.is_mapped("a.test")
+    assert not pool.is_marked("a.test")
     assert pool.for_host("b.test") == (s,)
 
 
@@ -78,11 +78,11 @@ def test_dual_certificates_share_a_host_and_leave_together() -> None:
     pool = SlotPool(3, PREFIX)
     ec = slot(pool, 1, "EC")
     rsa = slot(pool, 2, "RSA")
-    pool.map_host("d.test", [ec, rsa])
+    pool.mark_host("d.test", [ec, rsa])
     assert pool.for_host("d.test") == (ec, rsa)
     assert rsa.hosts == {"d.test"}
-    pool.drop_hosts(ec)  # recycling the ECDSA slot unmaps the host entirely
-    assert not pool.is_mapped("d.test")
+    pool.drop_hosts(ec)  # recycling the ECDSA slot unmarks the host entirely
+    assert not pool.is_marked("d.test")
     assert rsa.hosts == set()
 
 
@@ -119,7 +119,7 @@ def test_victim_is_least_recently_used_by_traffic() -> None:
 def test_victim_counts_any_host_of_a_wildcard_slot() -> None:
     pool = SlotPool(2, PREFIX)
     w = slot(pool, 1, "W", "a.w.test", at=0.0)
-    pool.map_host("b.w.test", [w])
+    pool.mark_host("b.w.test", [w])
     slot(pool, 2, "X", "x.test", at=10.0)
     assert [v.fingerprint for v in pool.victims(1, {"b.w.test": 20.0})] == ["X"]
 
@@ -139,7 +139,7 @@ def test_clear() -> None:
     pool.add_spare("/certagent/slot-00009.pem")
     pool.clear()
     assert len(pool) == 0
-    assert not pool.is_mapped("a.test")
+    assert not pool.is_marked("a.test")
     assert pool.growth(1) == [("/certagent/slot-00001.pem", SlotState.NEW)]
 
 
@@ -158,7 +158,7 @@ def test_free_slots_come_first_and_count_toward_capacity() -> None:
     slot(pool, 2, "B", "b.test")
     assert pool.growth(1) == []
     pool.add_free(a.name)
-    assert not pool.is_mapped("a.test")
+    assert not pool.is_marked("a.test")
     assert pool.for_fingerprint("A") is None
     assert pool.free_slots == (a.name,)
     assert pool.growth(2) == [(a.name, SlotState.LISTED)]
@@ -266,7 +266,7 @@ def test_sample_follows_free_and_recycled_slots() -> None:
 def test_indexes_by_certificate_and_wildcard_parent() -> None:
     pool = SlotPool(5, PREFIX)
     w = slot(pool, 1, "W", "a.w.test")
-    pool.map_host("b.w.test", [w])
+    pool.mark_host("b.w.test", [w])
     x = slot(pool, 2, "X", "x.test")
     assert pool.hosts_covered_by("*.w.test") == ["a.w.test", "b.w.test"]
     assert pool.hosts_covered_by("x.test") == ["x.test"]
@@ -275,7 +275,7 @@ def test_indexes_by_certificate_and_wildcard_parent() -> None:
     pool.recertify(w, "W2", "id-W2")
     assert pool.for_certificate("id-W") == []
     assert pool.for_certificate("id-W2") == [w]
-    pool.unmap_host("a.w.test")
+    pool.unmark_host("a.w.test")
     assert pool.hosts_covered_by("*.w.test") == ["b.w.test"]
     pool.add_free(x.name)
     assert pool.for_certificate("id-X") == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -14,7 +15,7 @@ def test_a_process_whose_parent_is_not_haproxy_has_no_master() -> None:
     with pytest.raises(HAProxyError, match=r"master-worker mode \(-W\)"):
         master_of(os.getpid())
     with pytest.raises(HAProxyError, match="master-worker mode"):
-        graceful_reload(os.getpid())  # and nothing is signalled
+        asyncio.run(graceful_reload(os.getpid()))  # and nothing is signalled
 
 
 def test_a_vanished_worker_says_so() -> None:

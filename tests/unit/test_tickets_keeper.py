@@ -24,8 +24,8 @@ class FakeHAProxy:
         self.keys = [fresh_key() for _ in range(3)] if has_file else None
         self.sets = 0
 
-    async def execute(self, *args: str) -> str:
-        assert args == ("show", "tls-keys", self.path)
+    async def execute(self, command: Command) -> str:
+        assert command.args == ("show", "tls-keys", self.path)
         if self.keys is None:
             return "'show tls-keys' unable to locate referenced filename"
         rows = [f"0.{i} {k}" for i, k in enumerate(self.keys)]

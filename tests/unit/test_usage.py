@@ -95,7 +95,7 @@ def test_sampling_approximates_lru_on_a_skewed_trace() -> None:
         for t, h in enumerate(trace):
             host = f"h{h}.test"
             now = float(t)
-            if pool.is_mapped(host):
+            if pool.is_marked(host):
                 hits += 1
                 old = usage[host]
                 usage[host] = HostUsage(now, old.conn_cnt + 1)
@@ -114,7 +114,7 @@ def test_sampling_approximates_lru_on_a_skewed_trace() -> None:
                 name = victim.name
             slot = Slot(name, f"F{host}", host, set(), now)
             pool.place(slot)
-            pool.map_host(host, [slot])
+            pool.mark_host(host, [slot])
             usage[host] = HostUsage(now, 0)
         return hits / len(trace)
 

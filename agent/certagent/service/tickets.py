@@ -33,7 +33,7 @@ from pathlib import Path
 from certagent.certs.ticketkeys import TicketRing, fresh_key, keys_file, new_ring, pushes
 from certagent.errors import AgentError, RotationInProgress, StoreError
 from certagent.runtime import protocol
-from certagent.runtime.client import Command, RuntimeClient
+from certagent.runtime.client import RuntimeClient
 from certagent.runtime.loader import Loader
 from certagent.store.base import RingStore
 from certagent.store.directory import atomic_write
@@ -170,7 +170,7 @@ class TicketKeeper:
         if ring is None:
             return
         path = str(self.keys_path)
-        held = protocol.parse_show_tls_keys(await client.execute("show", "tls-keys", path))
+        held = protocol.parse_show_tls_keys(await client.execute(protocol.show_tls_keys(path)))
         if held is None:
             self.in_haproxy = False
             if not self._warned:
@@ -185,7 +185,7 @@ class TicketKeeper:
             return
         keys = pushes(held, ring)
         if keys:
-            commands = [Command(("set", "ssl", "tls-key", path, key)) for key in keys]
+            commands = [protocol.set_tls_key(path, key) for key in keys]
             for reply in await client.pipeline(commands):
                 protocol.check_set_tls_key(path, reply)
             self.counters.pushed += len(keys)

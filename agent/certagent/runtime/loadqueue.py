@@ -1,4 +1,4 @@
-"""What waits in the loader's queues: load requests, their priority, and the counters."""
+"""What waits in the loader's queues (load requests and their priority), and its counters."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def fail_all(requests: Sequence[LoadRequest], error: AgentError) -> None:
 class LoadCounters:
     loads: int = 0
     recycles: int = 0
-    map_only: int = 0
+    mark_only: int = 0  # hosts marked in a slot already loaded (e.g. a wildcard), no load
     remarks: int = 0
     failures: int = 0
     rotations: int = 0
