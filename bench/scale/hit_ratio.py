@@ -59,7 +59,7 @@ def _simulate(trace: Sequence[int], capacity: int, samples: int | None) -> float
     for t, h in enumerate(trace):
         name = f"h{h}"
         now = float(t)
-        if pool.is_mapped(name):
+        if pool.is_marked(name):
             hits += 1
             usage[name] = HostUsage(now, usage[name].conn_cnt + 1)
             continue
@@ -74,6 +74,6 @@ def _simulate(trace: Sequence[int], capacity: int, samples: int | None) -> float
         slot = Slot(slot_name, f"F{name}", name, set(), now)
         pool.place(slot)
         chooser.loaded(pool, slot_name)
-        pool.map_host(name, [slot], now)
+        pool.mark_host(name, [slot], now)
         usage[name] = HostUsage(now, 1)
     return round(hits / len(trace), 4)

@@ -258,11 +258,6 @@ class SlotPool:
         slot.hosts.clear()
         return hosts
 
-    # The names of the retired map file, for bench/scale until it says "mark" too (the
-    # bench is being restructured elsewhere); remove them then.
-    is_mapped = is_marked
-    map_host = mark_host
-
     def _forget(self, slot: Slot) -> None:
         if self._by_fingerprint.get(slot.fingerprint) is slot:
             del self._by_fingerprint[slot.fingerprint]
