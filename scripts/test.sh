@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: install, then ruff, mypy --strict and pytest (unit + integration).
+# The test command: install, then ruff, mypy --strict, the import layers (import-linter) and
+# pytest (unit + integration).
 # Every step runs even if an earlier one failed; exits 1 if any failed.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k loader -x`.
 set -euo pipefail
@@ -32,6 +33,8 @@ done
 
 step ruff "$BIN/ruff" check "${lint_paths[@]}"
 step mypy "$BIN/mypy"
+# the layers of pyproject.toml's [tool.importlinter] (which package may import which; no cycles)
+step import-layers "$BIN/lint-imports" --no-cache
 # pytest exits 5 when it collected no tests: that is a failure here too.
 step pytest "$BIN/pytest" "$@"
 

@@ -25,11 +25,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from certagent.certs.stored import StoredCertificate
 from certagent.errors import AgentError, HAProxyError, WrongTransaction
 from certagent.runtime import protocol
 from certagent.runtime.haproxycfg import HAProxyNames
 from certagent.runtime.pool import Slot, SlotState
-from certagent.store.base import StoredCertificate
 
 __all__ = ["BatchVerdict", "Load", "judge", "load_commands"]
 

@@ -35,6 +35,7 @@ from typing import TypeVar
 from certagent.certs import pem
 from certagent.certs.hostname import covers
 from certagent.certs.selfsigned import placeholder
+from certagent.certs.stored import StoredCertificate
 from certagent.errors import (
     AgentError,
     Busy,
@@ -58,7 +59,6 @@ from certagent.runtime.loadqueue import (
 )
 from certagent.runtime.pool import Slot, SlotPool, SlotState
 from certagent.runtime.usage import VictimChooser, parse_usage, read_usage, usage_commands
-from certagent.store.base import StoredCertificate
 
 T = TypeVar("T")
 

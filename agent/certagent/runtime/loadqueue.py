@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from certagent.certs.stored import StoredCertificate
 from certagent.errors import AgentError
 from certagent.runtime.pool import Slot
-from certagent.store.base import StoredCertificate
 
 
 class Priority(IntEnum):

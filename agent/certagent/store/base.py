@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts
 from certagent.certs.pem import CertBundle
+from certagent.certs.stored import StoredCertificate
 from certagent.certs.ticketkeys import TicketRing
 from certagent.errors import DuplicateCertificate, StoreError
 
@@ -91,18 +92,6 @@ class Change:
 class Page:
     records: tuple[CertRecord, ...]
     cursor: str | None  # pass back to get the next page; None at the end
-
-
-@dataclass(frozen=True)
-class StoredCertificate:
-    """A bundle as found in a store.  ``id`` is store-specific and stable for one record.
-
-    ``ocsp``: the DER OCSP response kept with it, to staple (checked when stored).
-    """
-
-    id: str
-    bundle: CertBundle
-    ocsp: bytes | None = None
 
 
 @dataclass(frozen=True)

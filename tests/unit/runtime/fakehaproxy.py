@@ -1,7 +1,7 @@
 """A fake HAProxy 2.6.12 runtime API for unit tests: its certificate state, and a unix socket.
 
 :class:`HAProxyModel` answers commands the way 2.6.12 does (the replies recorded in
-tests/unit/test_protocol.py and /work/shared/design/haproxy-2.6-facts.md), with its
+tests/unit/runtime/test_protocol.py and /work/shared/design/haproxy-2.6-facts.md), with its
 one process-wide certificate transaction and the merge of a second ``set`` into it.
 :class:`FakeRuntimeSocket` serves any responder on a unix socket with HAProxy's
 framing: ``prompt`` mode (a ``"\\n> "`` after each reply, ``"+ "`` per payload line),

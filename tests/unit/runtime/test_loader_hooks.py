@@ -2,7 +2,7 @@
 
 ``on_session`` runs on every new HAProxy session, after adoption; ``on_reload``
 gets the hosts to re-warm after a reload the loader asked for through
-``master_socket``.  Command sequences of loads are in tests/unit/test_loader.py.
+``master_socket``.  Command sequences of loads are in tests/unit/runtime/test_loader.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The command builders of runtime/protocol.py and the transaction, on recorded replies.
 
 Replies are the ones HAProxy 2.6.12 (Debian 12) gives; the reply checks and parsers
-of single commands are in tests/unit/test_protocol.py.
+of single commands are in tests/unit/runtime/test_protocol.py.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ async def test_the_data_key_check_asks_only_a_store_with_data_keys(
 
 def _store_imports() -> dict[str, set[str]]:
     """Each module of certagent.store -> the modules of certagent.store it imports (AST)."""
-    package = Path(__file__).resolve().parents[2] / "agent" / "certagent" / "store"
+    package = Path(__file__).resolve().parents[3] / "agent" / "certagent" / "store"
     modules: dict[str, Path] = {}
     for path in package.rglob("*.py"):
         parts = ("certagent", *path.relative_to(package.parent.parent).with_suffix("").parts[1:])
