@@ -33,6 +33,7 @@ from certagent.acme import (
     AccountKey,
     AcmeClient,
     AcmeProblem,
+    AcmeProtocolError,
     Authorization,
     CaUnavailable,
     CertKeyType,
@@ -47,6 +48,7 @@ from certagent.acme import (
     tls_alpn01_certificate,
 )
 from certagent.acme.jws import b64url
+from certagent.errors import ConfigError
 from certagent.testing import free_port
 from certagent.testing.pebble import Pebble
 from certagent.testing.tlsclient import handshake_async
@@ -525,3 +527,56 @@ async def test_renewal_info_and_replaces(pebble: Pebble) -> None:
         await obtain_certificate(client, ["ari.example.org"], solver, replaces=ident)
     assert "replaces" not in proxy.new_orders[0]
     assert proxy.new_orders[-1]["replaces"] == ident
+
+
+# --- the transport: bounded bodies, timeouts, trust ---------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def https_server(ca: Pebble, handler: Any) -> AsyncIterator[str]:
+    """An HTTPS server on 127.0.0.1 with pebble's endpoint certificate; yields its /dir URL."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(ca.endpoint_cert, ca.endpoint_key)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    try:
+        yield f"https://127.0.0.1:{port}/dir"
+    finally:
+        await runner.cleanup()
+
+
+async def test_transport_bounds_bodies_and_time(pebble: Pebble) -> None:
+    big = b"{" + b" " * (2 << 20) + b"}"
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("kind") == "slow":
+            await asyncio.wait_for(release.wait(), 30)
+        if request.query.get("kind") == "chunked":
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for _ in range(40):
+                await response.write(b" " * 65536)
+            return response
+        return web.Response(body=big, content_type="application/json")
+
+    async with https_server(pebble, handler) as url:
+        for kind in ("sized", "chunked"):
+            async with client_for(pebble, url=f"{url}?kind={kind}") as client:
+                with pytest.raises(AcmeProtocolError, match=r"(more|larger) than"):
+                    await client.directory()
+        async with client_for(pebble, url=f"{url}?kind=slow", timeout=0.3) as client:
+            started = time.monotonic()
+            with pytest.raises(CaUnavailable, match=r"did not answer within 0\.3 s"):
+                await client.directory()
+            assert time.monotonic() - started < 5
+        release.set()
+        async with AcmeClient(url, AccountKey.generate()) as untrusting:  # system trust store
+            with pytest.raises(CaUnavailable, match="does not trust"):
+                await untrusting.directory()
+    with pytest.raises(ConfigError, match="trust bundle"):
+        AcmeClient(url, AccountKey.generate(), ca_file="/nonexistent/ca.pem")

@@ -10,6 +10,7 @@ Connection errors, TLS failures and timeouts become
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import ssl
 from collections.abc import Mapping
@@ -24,7 +25,17 @@ from certagent.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-USER_AGENT = "certagent-acme/1 (+https://github.com/certagent)"
+
+def _user_agent() -> str:
+    """RFC 8555 §6.1: name and version of the client, e.g. ``certagent/0.1.0 aiohttp/3.14.5``."""
+    try:
+        ours = importlib.metadata.version("certagent")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        ours = "unknown"
+    return f"certagent/{ours} aiohttp/{aiohttp.__version__}"
+
+
+USER_AGENT = _user_agent()
 
 
 @dataclass(frozen=True)
