@@ -40,7 +40,9 @@ def test_relative_links_resolve(doc: Path) -> None:
     for target in _links(doc):
         file_part, _, anchor = target.partition("#")
         linked = (doc.parent / file_part).resolve() if file_part else doc
-        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+        if not linked.exists() or (
+            anchor and linked.suffix == ".md" and anchor not in _anchors(linked)
+        ):
             broken.append(target)
     assert broken == []
 
