@@ -167,6 +167,8 @@ class LiveUpdater:
             if change.kind == "tls-keys":
                 tickets = True
                 continue
+            if change.kind not in ("put", "delete"):
+                continue  # issuance's (challenge, domain): not about loaded certificates
             ids.add(change.id)
             names.update(change.names)
             if change.kind == "delete":

@@ -189,9 +189,7 @@ class RedisBoard:
                 if challenge.token != to_text(token):
                     raise ValueError("it is stored under another token")
             except ValueError as exc:
-                log.warning(
-                    "%s: dropping challenge %r: %s", self._url, to_text(token)[:64], exc
-                )
+                log.warning("%s: dropping challenge %r: %s", self._url, to_text(token)[:64], exc)
                 dropped.append((token, value))
                 continue
             if challenge.expires_at <= now:
