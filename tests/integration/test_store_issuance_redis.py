@@ -461,3 +461,24 @@ async def test_order_slots_hold_the_cap_under_twenty_takers(
 
     await until(freed)
     assert await stores[0]._client.zcard(stores[0].keys.order_slots()) == 5
+
+
+@KINDS
+async def test_keys_rotate_re_encrypts_the_account_key(any_store: RedisFixture) -> None:
+    old_line, new_line = generate_key_line("k1"), generate_key_line("k2")
+    old = RedisStore(any_store.url, keyring=KeyRing.from_text(old_line))
+    both = RedisStore(any_store.url, keyring=KeyRing.from_text(f"{new_line}\n{old_line}"))
+    only_new = RedisStore(any_store.url, keyring=KeyRing.from_text(new_line))
+    try:
+        saved = await old.issuance().accounts.save_account(
+            AcmeAccount(CA_URL, account_key(), "https://ca/acct/1", (), datetime.now(UTC)),
+            previous_url=None,
+        )
+        with pytest.raises(KeyDecryptError):
+            await only_new.issuance().accounts.load_account(CA_URL)
+        assert await both.rotate_keys() == 1
+        assert await both.rotate_keys() == 0
+        assert await only_new.issuance().accounts.load_account(CA_URL) == saved
+    finally:
+        for store in (old, both, only_new):
+            await store.close()

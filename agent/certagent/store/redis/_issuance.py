@@ -61,6 +61,7 @@ __all__ = [
     "RECORD_FAILURE",
     "REGISTER",
     "SAVE_ACCOUNT",
+    "SWAP_KEY",
     "TAKE_SLOT",
     "UNREGISTER",
     "RedisAccounts",
@@ -80,6 +81,12 @@ if redis.call('EXISTS', KEYS[1]) == 1
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+#: KEYS[1] an account; ARGV[1] its key as read, 2 the key re-encrypted.  1 swapped, else 0.
+SWAP_KEY = """
+if redis.call('HGET', KEYS[1], 'key') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'key', ARGV[2])
 return 1
 """
 #: KEYS[1] the names, 2 their info, 3 the events; ARGV[1] the name, 2 now (Unix seconds),
@@ -166,6 +173,7 @@ class RedisAccounts(_Role):
         self._keyring = keyring
         self._clock = clock
         self._save = client.register_script(SAVE_ACCOUNT)
+        self._swap = client.register_script(SWAP_KEY)
 
     async def load_account(self, directory: str) -> AcmeAccount | None:
         with self._errors("read the ACME account"):
@@ -230,6 +238,37 @@ class RedisAccounts(_Role):
             if stored is not None:
                 return stored  # another node's write came first
         raise StoreError(f"{self._url}: the ACME account kept changing; gave up")
+
+
+    async def reencrypt(self, ring: KeyRing) -> int:
+        """Re-encrypt every account key not made with the current data key (``keys rotate``).
+
+        SCANs for the account keys (O(keys in the store), like the rest of a
+        rotation) and swaps each key by compare-and-set; how many were swapped.
+        """
+        swapped = 0
+        with self._errors("re-encrypt the ACME account keys"):
+            async for name in self._client.scan_iter(match=self._keys.account_pattern()):
+                directory, token = (
+                    to_bytes(v) for v in await self._client.hmget(name, ["directory", "key"])
+                )
+                if directory is None or token is None:
+                    continue
+                try:
+                    if not keycrypt.needs_rotation(ring, token):
+                        continue
+                    aad = account_aad(directory.decode("ascii"))
+                    fresh = keycrypt.reencrypt(ring, token, aad)
+                except (KeyDecryptError, UnicodeDecodeError) as exc:
+                    log.warning(
+                        "cannot re-encrypt the ACME account key %s in %s: %s",
+                        to_text(name),
+                        self._url,
+                        exc,
+                    )
+                    continue
+                swapped += await self._swap(keys=[name], args=[token, fresh]) == 1
+        return swapped
 
 
 class RedisDomains(_Role):
@@ -386,14 +425,14 @@ def redis_issuance(
     keys: Keys,
     shown: str,
     *,
-    keyring: Callable[[str], KeyRing],
+    accounts: RedisAccounts,
     add: Callable[[CertBundle, Fence, str], Awaitable[CertRecord]],
     maxlen: int,
     clock: Callable[[], float] = time.time,
 ) -> Issuance:
     """The five roles of one RedisStore (no I/O): shared by every agent on that Redis."""
     return Issuance(
-        accounts=RedisAccounts(client, keys, shown, keyring, clock),
+        accounts=accounts,
         locks=RedisLeases(client, keys, shown, add, clock),
         challenges=RedisBoard(client, keys, shown, maxlen, clock),
         domains=RedisDomains(client, keys, shown, maxlen, clock),

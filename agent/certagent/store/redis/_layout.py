@@ -189,6 +189,10 @@ class Keys:
         digest = hashlib.sha256(directory.encode("utf-8")).hexdigest()[:32]
         return self._global(f"acme:account:{digest}")
 
+    def account_pattern(self) -> str:
+        """The SCAN pattern of every account key."""
+        return self._global("acme:account:*")
+
     def lease(self, name: str) -> str:
         """The issuance lease on validated ``name``."""
         return self._global(f"acme:lease:{name}")

@@ -48,7 +48,7 @@ from certagent.store.redis._bulk import BulkAdds
 from certagent.store.redis._cluster import ClusterWriter
 from certagent.store.redis._connection import close_client, connect, redis_errors
 from certagent.store.redis._feed import MAX_BLOCK, StreamFeed
-from certagent.store.redis._issuance import redis_issuance
+from certagent.store.redis._issuance import RedisAccounts, redis_issuance
 from certagent.store.redis._layout import (
     DEFAULT_PREFIX,
     F_KEY,
@@ -127,11 +127,12 @@ class RedisStore:
         self._lookup = Lookup(
             self._client, self._keys, self._url, self._ring_for, script=not cluster
         )
+        self._accounts = RedisAccounts(self._client, self._keys, self._url, self._ring_for)
         self._issuance = redis_issuance(
             self._client,
             self._keys,
             self._url,
-            keyring=self._ring_for,
+            accounts=self._accounts,
             add=self._add_fenced,
             maxlen=events_maxlen,
         )
@@ -363,12 +364,16 @@ class RedisStore:
     # --- data keys ----------------------------------------------------------------------
 
     async def rotate_keys(self) -> int:
-        """Re-encrypt every key not made with the current data key: :mod:`._rekey`."""
+        """Re-encrypt every key not made with the current data key: :mod:`._rekey`.
+
+        The records' keys, the ticket-key ring and the ACME account keys; the
+        count is of records and accounts.
+        """
         ring = self._ring_for("rotate keys")
         with self._errors("rotate keys"):
             rotated = await reencrypt_all(self._client, self._keys, self._url, ring, self._writer)
         await self._tickets.reencrypt()
-        return rotated
+        return rotated + await self._accounts.reencrypt(ring)
 
     async def key_ids_in_use(self, sample: int = 32) -> set[str]:
         """Data-key ids of ``sample`` random records and of the ticket ring: O(sample).
