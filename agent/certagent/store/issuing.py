@@ -23,11 +23,13 @@ __all__ = [
     "CHALLENGE_GRACE",
     "HOLD_SECONDS",
     "MAX_PAGE",
+    "MAX_TTL",
     "STATE_LAPSE",
     "account_aad",
     "check_account",
     "check_name",
     "check_node",
+    "check_time",
     "check_token",
     "check_ttl",
     "clean_error",
@@ -92,6 +94,13 @@ def check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
+def check_time(moment: float, what: str) -> float:
+    """``moment`` (Unix seconds) if it is a finite number; ValueError naming ``what``."""
+    if not isinstance(moment, (int, float)) or not math.isfinite(moment):
+        raise ValueError(f"{what} must be a time in Unix seconds, not {moment!r}")
+    return float(moment)
+
+
 def check_challenge(challenge: PublishedChallenge) -> PublishedChallenge:
     """``challenge`` with its name lowercased, if every field is valid; ValueError otherwise.
 
@@ -103,14 +112,12 @@ def check_challenge(challenge: PublishedChallenge) -> PublishedChallenge:
     head, dot, thumbprint = challenge.key_authorization.partition(".")
     if head != token or not dot or not _THUMBPRINT.match(thumbprint):
         raise ValueError(f"challenge {token}: the key authorization is not '<token>.<thumbprint>'")
-    if not math.isfinite(challenge.expires_at):
-        raise ValueError(f"challenge {token}: expires_at is not a time")
     return PublishedChallenge(
         challenge.kind,
         check_name(challenge.name),
         token,
         challenge.key_authorization,
-        float(challenge.expires_at),
+        check_time(challenge.expires_at, f"challenge {token}: expires_at"),
     )
 
 

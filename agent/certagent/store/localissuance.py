@@ -42,6 +42,7 @@ from certagent.store.issuing import (
     check_challenge,
     check_name,
     check_node,
+    check_time,
     check_token,
     check_ttl,
     clean_error,
@@ -142,7 +143,10 @@ class LocalBoard:
         self._beats: dict[str, float] = {}
 
     async def publish(self, challenge: PublishedChallenge) -> None:
+        """Store ``challenge`` and emit its change; ValueError if it expired already."""
         challenge = check_challenge(challenge)
+        if challenge.expires_at <= self._clock():
+            raise ValueError(f"challenge {challenge.token} expired already")
         self._challenges[challenge.token] = challenge
         self._emit(Change("challenge", challenge.token, (challenge.name,)))
 
@@ -206,10 +210,11 @@ class LocalLimits:
 
     async def record_failure(self, name: str, error: str, not_before: float) -> NameState:
         """The state lapses :data:`~certagent.store.issuing.STATE_LAPSE` s after ``not_before``."""
+        not_before = check_time(not_before, "not_before")
         before = await self.name_state(name)
         state = NameState(
             failures=1 if before is None else before.failures + 1,
-            not_before=float(not_before),
+            not_before=not_before,
             last_error=clean_error(error),
         )
         self._states[check_name(name)] = (state, max(not_before, self._clock()) + STATE_LAPSE)
@@ -222,7 +227,7 @@ class LocalLimits:
         return self._paused if self._paused > self._clock() else 0.0
 
     async def pause(self, until: float) -> None:
-        self._paused = max(self._paused, float(until))
+        self._paused = max(self._paused, check_time(until, "until"))
 
     async def take_order_slot(self, name: str, cap: int, ttl: float) -> bool:
         """Dead holders' slots are dropped first: O(slots)."""

@@ -125,6 +125,8 @@ async def test_challenges_acks_and_beats(store: MemoryStore, roles: Issuance, cl
         Change("challenge", long.token, ("a.mem.test",)),
         Change("challenge", long.token, ("a.mem.test",)),
     )
+    with pytest.raises(ValueError, match="expired already"):
+        await board.publish(published(clock, life=0))
     await board.beat("node-1", 5)
     await board.beat("node-2", 50)
     assert await board.live_nodes() == {"node-1", "node-2"}
@@ -144,6 +146,8 @@ async def test_limits(roles: Issuance, clock: Clock) -> None:
     await limits.clear_failures("c.mem.test")
     assert await limits.name_state("c.mem.test") is None
 
+    with pytest.raises(ValueError, match="not_before"):
+        await limits.record_failure("d.mem.test", "x", float("nan"))
     await limits.pause(clock() + 30)
     await limits.pause(clock() + 10)
     assert await limits.paused_until() == clock() + 30

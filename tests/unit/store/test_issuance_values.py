@@ -26,6 +26,7 @@ from certagent.store.issuing import (
     check_challenge,
     check_name,
     check_node,
+    check_time,
     check_token,
     check_ttl,
     clean_error,
@@ -90,6 +91,10 @@ def test_names_nodes_tokens_and_ttls_are_checked() -> None:
     for bad_token in ("short", "a" * 257, "a/b" + "c" * 20, "a.b" + "c" * 20, "{global}" * 3):
         with pytest.raises(ValueError, match="token"):
             check_token(bad_token)
+    assert check_time(5, "until") == 5.0
+    for bad_time in (float("nan"), float("-inf"), "5"):
+        with pytest.raises(ValueError, match="until must be a time"):
+            check_time(bad_time, "until")  # type: ignore[arg-type]
     assert check_ttl(0.25) == 0.25
     for bad_ttl in (0, -1, float("nan"), float("inf"), 86_401):
         with pytest.raises(ValueError, match="TTL"):

@@ -45,6 +45,7 @@ from certagent.store.issuing import (
     account_aad,
     check_account,
     check_name,
+    check_time,
     check_ttl,
     clean_error,
     decode_registration,
@@ -376,6 +377,7 @@ class RedisLimits(_Role):
     async def record_failure(self, name: str, error: str, not_before: float) -> NameState:
         """One more failure; the state lapses STATE_LAPSE s after ``not_before`` (this clock)."""
         name, error = check_name(name), clean_error(error)
+        not_before = check_time(not_before, "not_before")
         ttl = max(not_before - self._clock(), 0.0) + STATE_LAPSE
         with self._errors(f"record a failure of {name}"):
             failures = await self._record_failure(
@@ -399,8 +401,8 @@ class RedisLimits(_Role):
 
     async def pause(self, until: float) -> None:
         """Keep the later pause; it lapses at ``until`` by this node's clock (a relative PX)."""
-        left = until - self._clock()
-        if not math.isfinite(until) or left <= 0:
+        left = check_time(until, "until") - self._clock()
+        if left <= 0:
             return
         with self._errors("pause issuance"):
             await self._pause(keys=[self._keys.pause()], args=[repr(float(until)), _ms(left)])
