@@ -51,8 +51,16 @@ CA_URL = "https://ca.example.test/directory"
 
 @pytest.fixture
 async def stores(any_store: RedisFixture) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
-    """Two nodes on the same Redis: two store objects, as two agents would have."""
+    """Two nodes on the same Redis: two store objects, as two agents would have.
+
+    Each is pinged first, as the agent does at start: redis-py 8.1's cluster client
+    fails some of many concurrent first commands ("Connection closed by server",
+    then an AttributeError) while it discovers the cluster; once that is done the
+    20 concurrent takers below never fail.
+    """
     first, second = any_store.open(), any_store.open()
+    await first.ping()
+    await second.ping()
     yield first, second
     await first.close()
     await second.close()
