@@ -142,7 +142,7 @@ def _http_frontend(layout: HAProxyLayout) -> str:
         "",
         "frontend fe_http",
         "    # ACME HTTP-01: certagent adds each challenge the fleet is validating to this map",
-        "    # at runtime (add map / del map), on every node; everything else goes to https",
+        "    # at runtime, on every node; everything else goes to https",
         "    mode http",
         f"    bind {layout.http_bind}",
         f'    http-request return status 200 content-type text/plain lf-string "%[{answer}]"'
