@@ -85,14 +85,15 @@ def handshake(
     *,
     context: ssl.SSLContext | None = None,
     timeout: float = 5.0,
+    address: str = LOOPBACK,
 ) -> CertInfo:
-    """A verified TLS handshake with ``127.0.0.1:port`` for ``host``; raises on failure."""
+    """A verified TLS handshake with ``address:port`` for ``host``; raises on failure."""
     if context is None:
         if cafile is None:
             raise ValueError("give cafile or context")
         context = client_context(cafile)
     with (
-        socket.create_connection((LOOPBACK, port), timeout=timeout) as sock,
+        socket.create_connection((address, port), timeout=timeout) as sock,
         context.wrap_socket(sock, server_hostname=host) as tls,
     ):
         der = tls.getpeercert(binary_form=True)
