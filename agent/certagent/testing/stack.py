@@ -310,6 +310,17 @@ class Stack:
             check=False,
         )
 
+    def command(self, *words: str) -> subprocess.CompletedProcess[str]:
+        """``certagent <words...> --config <toml>``, e.g. ``("cert", "ls", "--json")``."""
+        return subprocess.run(
+            [*certagent_argv(), *words, "--config", str(self.config_path)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
     def agent_request(self, line: bytes, timeout: float = 10.0) -> bytes:
         return unix_request(self.settings.agent_socket, line, timeout=timeout, line=True)
 
@@ -349,7 +360,7 @@ class Stack:
         )
 
     def hello(self, sni: bytes | None, timeout: float = 5.0) -> bytes | None:
-        return tlsclient.raw_hello(self.port, sni, timeout=timeout)
+        return tlsclient.raw_hello(self.port, sni, timeout=timeout, address=self.address)
 
     def close(self) -> list[str]:
         """Stop the agent, then HAProxy, by PID; the list names what was running."""

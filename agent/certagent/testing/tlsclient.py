@@ -238,7 +238,9 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes | None:
     return data
 
 
-def raw_hello(port: int, sni: bytes | None, *, timeout: float = 5.0) -> bytes | None:
+def raw_hello(
+    port: int, sni: bytes | None, *, timeout: float = 5.0, address: str = LOOPBACK
+) -> bytes | None:
     """Send a hand-built ClientHello; return the DER of the server's first certificate.
 
     Returns None if the server closes the connection or sends an alert before
@@ -246,7 +248,7 @@ def raw_hello(port: int, sni: bytes | None, *, timeout: float = 5.0) -> bytes | 
     within ``timeout``.
     """
     deadline = time.monotonic() + timeout
-    with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+    with socket.create_connection((address, port), timeout=timeout) as sock:
         sock.sendall(build_client_hello(sni))
         messages = b""  # handshake-layer bytes, which may span records
         while True:
