@@ -19,7 +19,7 @@ demo and the benchmarks); this file only wraps them in fixtures:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,9 @@ def make_stack(
         fallback: str = "default-cert",
         env: Mapping[str, str] | None = None,
         start: bool = True,
+        init_args: Sequence[str] = (),
+        port: int | None = None,
+        address: str = "127.0.0.1",
     ) -> Stack:
         stack = Stack.create(
             tmp_path / f"stack{len(stacks)}",
@@ -139,6 +142,9 @@ def make_stack(
             capacity=capacity,
             fallback=fallback,
             env={"CERTAGENT_LOG_LEVEL": "debug", **(env or {})},
+            init_args=init_args,
+            port=port,
+            address=address,
         )
         stacks.append(stack)
         if start:

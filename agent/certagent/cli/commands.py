@@ -19,6 +19,7 @@ from typing import Any
 from certagent import __version__, config
 from certagent.cli import logs
 from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
+from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domain_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
 from certagent.errors import AgentError
@@ -98,10 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     pi.add_argument(
         "--hold",
         type=float,
-        default=5.0,
         metavar="SECONDS",
-        help="how long a new host's first connection may wait for its certificate (default 5);"
-        " haproxy.cfg's inspect-delay and Lua timeout are derived from it",
+        help="how long a new host's first connection may wait for its certificate (default 5;"
+        " 10 with --acme-directory); haproxy.cfg's inspect-delay and Lua timeout are derived"
+        " from it",
     )
     pi.add_argument(
         "--log",
@@ -141,6 +142,41 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="directory for the unix sockets (default DIR/run)",
     )
+    acme = pi.add_argument_group(
+        "certificates on demand (ACME, docs/acme.md): a name the store lacks gets one from the CA"
+        " on its first connection, if the permission policy allows it"
+    )
+    acme.add_argument(
+        "--acme-directory",
+        metavar="URL",
+        help="the CA's ACME directory, e.g."
+        " https://acme-staging-v02.api.letsencrypt.org/directory; turns issuance on",
+    )
+    acme.add_argument("--acme-email", metavar="ADDR", help="the ACME account's contact address")
+    acme.add_argument(
+        "--acme-ca-file",
+        type=Path,
+        metavar="FILE",
+        help="CA certificates (PEM) trusted for the ACME server (a private or test CA)",
+    )
+    acme.add_argument(
+        "--ask",
+        metavar="URL",
+        help="permission endpoint: GET URL?domain=NAME, any 2xx allows (names registered with"
+        " 'certagent domain add' are always allowed)",
+    )
+    acme.add_argument(
+        "--http-bind",
+        metavar="ADDR:PORT",
+        help="where fe_http listens: HTTP-01 answers, and a redirect to https for the rest"
+        " (default: port 80 on --bind's address)",
+    )
+    acme.add_argument(
+        "--acme-challenge",
+        choices=("http-01", "tls-alpn-01"),
+        default="http-01",
+        help="how the CA validates a name (default http-01; tls-alpn-01 needs no port 80)",
+    )
 
     pr = sub.add_parser(
         "run",
@@ -178,6 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     pt.add_argument("action", choices=["rotate"], help="rotate: a new key for the fleet now")
     pt.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     add_cert_commands(sub)
+    add_domain_commands(sub)
     add_token_commands(sub)
     return p
 
@@ -326,6 +363,12 @@ def _init(args: argparse.Namespace) -> int:
             force=args.force,
             systemd=args.systemd,
             user=args.user,
+            acme_directory=args.acme_directory,
+            acme_email=args.acme_email,
+            acme_ca_file=args.acme_ca_file,
+            ask=args.ask,
+            http_bind=args.http_bind,
+            acme_challenge=args.acme_challenge,
         )
     )
     d = args.directory.absolute()
@@ -346,6 +389,8 @@ def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in CERT_COMMANDS:
         return run_cert_command(args)
+    if args.command == DOMAIN_COMMAND:
+        return run_domain_command(args)
     try:
         if args.command == "init":
             return _init(args)
