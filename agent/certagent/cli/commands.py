@@ -21,9 +21,10 @@ from certagent.cli import logs
 from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
-from certagent.errors import AgentError
+from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
 from certagent.runtime.client import probe_identity, query
+from certagent.runtime.tlspolicy import PROFILES, TlsPolicy
 from certagent.store import open_configured
 
 log = logging.getLogger("certagent")
@@ -134,6 +135,30 @@ def _parser() -> argparse.ArgumentParser:
         metavar="USER",
         help="HAProxy's user (e.g. haproxy) when its master runs as root: the workers, the unix"
         " sockets, the agent and its secret files belong to it",
+    )
+    pi.add_argument(
+        "--tls",
+        choices=PROFILES,
+        default="intermediate",
+        help="TLS settings after Mozilla's guideline: intermediate (default; TLS 1.2 with ECDHE"
+        " and AEAD ciphers only, and TLS 1.3) or modern (TLS 1.3 only); X25519MLKEM768 is"
+        " offered first wherever HAProxy runs on OpenSSL 3.5+",
+    )
+    pi.add_argument(
+        "--tls-ciphers",
+        metavar="LIST",
+        help="your TLS 1.2 cipher suites instead of the profile's (OpenSSL syntax, ':'-separated)",
+    )
+    pi.add_argument(
+        "--tls-ciphersuites",
+        metavar="LIST",
+        help="your TLS 1.3 cipher suites instead of the profile's (':'-separated)",
+    )
+    pi.add_argument(
+        "--tls-curves",
+        metavar="LIST",
+        help="your key exchange groups instead of the profile's, used as given on every HAProxy"
+        " (e.g. X25519:prime256v1; a name the TLS library lacks makes HAProxy refuse the file)",
     )
     pi.add_argument(
         "--run-dir",
@@ -310,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
+    try:
+        tls = TlsPolicy(args.tls, args.tls_ciphers, args.tls_ciphersuites, args.tls_curves)
+    except ValueError as exc:
+        raise ConfigError(f"--tls: {exc}") from exc
     result = init(
         InitOptions(
             args.directory,
@@ -325,6 +354,7 @@ def _init(args: argparse.Namespace) -> int:
             force=args.force,
             systemd=args.systemd,
             user=args.user,
+            tls=tls,
         )
     )
     d = args.directory.absolute()

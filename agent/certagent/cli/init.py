@@ -24,6 +24,7 @@ from certagent.certs.ticketkeys import keys_file, new_ring
 from certagent.cli.systemd import SystemdPlan, systemd_files
 from certagent.errors import ConfigError
 from certagent.runtime.haproxycfg import HAProxyLayout, log_target, lua_source, render_haproxy_cfg
+from certagent.runtime.tlspolicy import INTERMEDIATE, TlsPolicy
 from certagent.store import parse_store_url
 
 # Unix socket paths must fit sockaddr_un.sun_path (108 bytes with the NUL).
@@ -47,6 +48,7 @@ class InitOptions:
     force: bool = False  # overwrite haproxy.cfg, certagent.toml, ... written earlier
     systemd: bool = False  # also write unit files (DIR/systemd/)
     user: str | None = None  # HAProxy's and the agent's user, when HAProxy's master is root
+    tls: TlsPolicy = INTERMEDIATE  # fe_tls's protocol versions, ciphers and curves (--tls ...)
 
 
 @dataclasses.dataclass
@@ -134,6 +136,7 @@ def init(opts: InitOptions) -> InitResult:
         log_target=haproxy_log,
         user=opts.user,
         tls_keys=Path(settings.tls_keys_file),
+        tls=opts.tls,
     )
     config_files: dict[Path, str] = {
         layout.cfg_path: render_haproxy_cfg(layout),
