@@ -1,4 +1,4 @@
-"""Fixtures for the integration tests: a real Redis, HAProxy 2.6 and ``certagent run``.
+"""Fixtures for the integration tests: a real Redis, HAProxy and ``certagent run``.
 
 The processes themselves are managed by :mod:`certagent.testing` (shared with the
 demo and the benchmarks); this file only wraps them in fixtures:
@@ -10,7 +10,7 @@ demo and the benchmarks); this file only wraps them in fixtures:
   asks for them; ``any_store`` (indirectly parametrized with ``plain``,
   ``sentinel`` or ``cluster``) is a flushed store of that kind.
 * ``pki`` -- a session-wide test CA (root file for clients) that issues leaves.
-* ``make_stack(store, capacity=..., fallback=..., env=...)`` -- ``certagent init``
+* ``make_stack(store, capacity=..., fallback=..., env=..., init_args=...)`` -- ``certagent init``
   into a fresh directory, then HAProxy and the agent (debug log), as a
   :class:`~certagent.testing.Stack`.  Every stack is stopped by PID after the test;
   a failed test prints the log tails.
@@ -19,7 +19,7 @@ demo and the benchmarks); this file only wraps them in fixtures:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,7 @@ def make_stack(
         fallback: str = "default-cert",
         env: Mapping[str, str] | None = None,
         start: bool = True,
+        init_args: Sequence[str] = (),
     ) -> Stack:
         stack = Stack.create(
             tmp_path / f"stack{len(stacks)}",
@@ -139,6 +140,7 @@ def make_stack(
             capacity=capacity,
             fallback=fallback,
             env={"CERTAGENT_LOG_LEVEL": "debug", **(env or {})},
+            init_args=init_args,
         )
         stacks.append(stack)
         if start:
