@@ -41,7 +41,7 @@ QUIET = [
 def _trusting_home(home: Path, cafile: Path) -> Path:
     """A ``$HOME`` whose NSS database (``.pki/nssdb``) trusts ``cafile`` for servers."""
     certutil = shutil.which("certutil")
-    assert certutil, "certutil is missing: run scripts/install.sh (libnss3-tools)"
+    assert certutil, "certutil is missing: run scripts/install.sh --test (libnss3-tools)"
     nssdb = home / ".pki" / "nssdb"
     nssdb.mkdir(parents=True)
     subprocess.run([certutil, "-d", f"sql:{nssdb}", "-N", "--empty-password"], check=True)
@@ -57,7 +57,7 @@ def _trusting_home(home: Path, cafile: Path) -> Path:
 def test_chromium_gets_the_right_certificate_h2_and_the_best_key_exchange(
     make_stack: StackFactory, redis_store: RedisFixture, pki: PKI, tmp_path: Path
 ) -> None:
-    assert Path(CHROMIUM).exists(), "chromium is missing: run scripts/install.sh"
+    assert Path(CHROMIUM).exists(), "chromium is missing: run scripts/install.sh --test"
     redis_store.put([pki.bundle(HOST)])
     stack = make_stack(redis_store.url, capacity=10)
     assert stack.marked_hosts() == {}  # never seen: the browser's connection loads it

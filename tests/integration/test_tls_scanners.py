@@ -59,7 +59,7 @@ def _dual_stack(make_stack: StackFactory, redis_store: RedisFixture, pki: PKI) -
 def test_testssl_finds_nothing_high_but_the_test_ca(
     make_stack: StackFactory, redis_store: RedisFixture, pki: PKI, tmp_path: Path
 ) -> None:
-    assert Path(TESTSSL).exists(), "testssl is missing: run scripts/install.sh (testssl.sh)"
+    assert Path(TESTSSL).exists(), "testssl is missing: run scripts/install.sh --test (testssl.sh)"
     stack = _dual_stack(make_stack, redis_store, pki)
     report = tmp_path / "testssl.json"
     # -p protocols, -s cipher categories, -U vulnerabilities, -S certificates and defaults:

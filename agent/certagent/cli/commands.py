@@ -23,6 +23,7 @@ from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
 from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
+from certagent.runtime.build import HAProxyBuild, differences, probe_build
 from certagent.runtime.client import probe_identity, query
 from certagent.runtime.tlspolicy import PROFILES, TlsPolicy
 from certagent.store import open_configured
@@ -211,7 +212,10 @@ async def _check(settings: config.Settings) -> bool:
     ok = True
     try:
         ident = await probe_identity(settings.haproxy_socket)
-        print(f"ok    HAProxy {ident.version} pid {ident.pid} at {settings.haproxy_socket}")
+        build = await probe_build(settings.haproxy_socket, ident.version)
+        print(f"ok    {build.describe()}, pid {ident.pid} at {settings.haproxy_socket}")
+        for note in differences(build):
+            print(f"      on this version: {note}")
         crtlist = await query(settings.haproxy_socket, "show", "ssl", "crt-list")
         if settings.crt_list not in crtlist.splitlines():
             print(f"FAIL  crt-list {settings.crt_list} is not in HAProxy's configuration")
@@ -289,9 +293,15 @@ def _print_status(st: dict[str, Any]) -> None:
     e, ld = st["ensure"], st["loader"]
     print(f"agent pid      {st['agent_pid']}")
     up = {True: "up", False: "DOWN"}
-    print(
-        f"haproxy        {up[st['haproxy_up']]}, pid {st['haproxy_pid']} ({st['haproxy_version']})"
+    build = st.get("haproxy_build")
+    what = (
+        HAProxyBuild(build["version"], build["openssl"], build["lua"]).describe()
+        if build
+        else f"HAProxy {st['haproxy_version']}"
     )
+    print(f"haproxy        {up[st['haproxy_up']]}, pid {st['haproxy_pid']} ({what})")
+    for note in build["differences"] if build else ():
+        print(f"  this version {note}")
     print(f"store          {up[st['store_up']]}, {st['store']}")
     print(
         f"slots          {st['slots_used']} / {st['capacity']} ({st['hosts_mapped']} hosts mapped)"

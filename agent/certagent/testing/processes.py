@@ -315,6 +315,9 @@ class HAProxyProcess:
         """Start it; with ``wait``, return the worker PID once it answers and listens."""
         if self.running:
             raise StackError("HAProxy is already running")
+        marked = os.environ.get("CERTAGENT_TEST_NO_HAPROXY")  # set by tests/conftest.py
+        if marked:
+            raise StackError(f"{marked} is marked no_haproxy (tests/conftest.py) but starts it")
         self.proc = spawn([HAPROXY, "-W", "-db", "-f", str(self.cfg)], self.log_path)
         return self.wait_ready(timeout) if wait else None
 
