@@ -32,7 +32,7 @@ timings=()
 step() {
     local name="$1"
     shift
-    printf '\n== %s: %s\n' "$name" "$*"
+    if [ "$1" = pytest_on ]; then printf '\n== %s\n' "$name"; else printf '\n== %s: %s\n' "$name" "$*"; fi
     local rc=0 began=$SECONDS
     "$@" || rc=$?
     timings+=("$name $((SECONDS - began))s")
@@ -49,7 +49,9 @@ step() {
 pytest_on() {
     local haproxy="$1" rc=0
     shift
-    CERTAGENT_TEST_HAPROXY="$haproxy" "$BIN/pytest" "$@" || rc=$?
+    printf '== CERTAGENT_TEST_HAPROXY=%s pytest --durations=15 %s\n' "$haproxy" "$*"
+    # --durations: which tests dominate each run's time, in every log
+    CERTAGENT_TEST_HAPROXY="$haproxy" "$BIN/pytest" --durations=15 "$@" || rc=$?
     if [ "$rc" -eq 5 ] && [ -n "$haproxy" ] && [ "$EXTRA" -gt 0 ]; then
         echo "no test of this run matches the arguments given: nothing to run on $haproxy"
         return 0
