@@ -1,5 +1,5 @@
 import sys
 
-from bench.cli import main
+from bench.versus_preload.cli import main
 
 sys.exit(main())

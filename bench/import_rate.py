@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bench._proc import cpu_ticks
-from bench.cli import git_revision, machine, say
+from bench._runinfo import git_revision, machine, say
 from certagent.testing import RedisProcess
 from certagent.testing.certs import (
     CA,

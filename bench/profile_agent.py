@@ -33,20 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from bench._certs import Leaves
-from bench.cli import fresh_path, git_revision, machine
+from bench._runinfo import RESULTS, fresh_path, git_revision, machine
 from bench.scale.common import Cpu, ensure_many, shared_key_bundles, spread, try_handshake
 from certagent.testing import PKI, RedisFixture, RedisProcess, write_key_file
 from certagent.testing.stack import Stack
 from certagent.testing.tlsclient import client_context
 
-REPO = Path(__file__).resolve().parents[1]
-
 #: Phases of one load, matched on a sample's frames from the leaf up (first match wins).
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging", ("logging/__init__.py",)),
     ("OCSP scheduling", ("service/ocspfetch.py",)),
-    ("record parsing and key check (PEM, x509, key match)", ("certs/pem.py", "store/base.py")),
-    ("store lookup: redis-py and the Lua script", ("redis/", "store/redis.py", "hiredis")),
+    ("record parsing and key check (PEM, x509, key match)", ("certs/pem.py", "store/records.py")),
+    ("store lookup: redis-py and the Lua script", ("redis/", "store/redis/", "hiredis")),
     ("victim choice (sampling, usage parsing)", ("runtime/usage.py",)),
     (
         "runtime API: encode, write, read, split replies",
@@ -102,7 +100,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--py-spy", default=shutil.which("py-spy"), help="py-spy binary (default: PATH; \"\": none)"
     )
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="results folder")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = p.parse_args(argv)
     if args.quick:
         args.k, args.recycles = 200, 100

@@ -1,7 +1,7 @@
 -- certagent: ask the agent to load the certificate for this connection's SNI.
 --
--- Used from the public `mode tcp` frontend, only for hosts not yet in the
--- loaded map:
+-- Used from the public `mode tcp` frontend, only for hosts not yet marked
+-- loaded in its stick table:
 --   tcp-request content lua.certagent_ensure <agent socket> <timeout ms> if ...
 -- Sends "ensure <host> <worker pid>": the pid tells the agent which HAProxy
 -- process asks, so it notices a reload on the first request from the new one.

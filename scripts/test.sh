@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: install, then ruff, mypy --strict and pytest on each HAProxy of the
-# version matrix:
+# The test command: install, then ruff, mypy --strict, the import layers (import-linter)
+# and pytest on each HAProxy of the version matrix:
 #
 #   2.6  Debian 12's own (PATH)              the whole suite (unit + integration)
 #   3.0  Debian 13 (trixie)                  the integration tests that start HAProxy
@@ -67,6 +67,8 @@ done
 
 step ruff "$BIN/ruff" check "${lint_paths[@]}"
 step mypy "$BIN/mypy"
+# the layers of pyproject.toml's [tool.importlinter] (which package may import which; no cycles)
+step import-layers "$BIN/lint-imports" --no-cache
 
 declare -A SUITE=([3.0]=trixie [3.2]=sid [3.4]=experimental)
 declare -A BUILT=()

@@ -1,9 +1,11 @@
-"""An in-memory :class:`~certagent.store.base.Store` for tests of code written against the Protocol.
+"""An in-memory :class:`~certagent.store.base.Store` for tests of code written against its roles.
 
 Ids are the first 32 hex digits of the leaf's SHA-256 (as in RedisStore); the
-Protocol's semantics are followed: ``add`` refuses a certificate already stored,
+roles' semantics are followed: ``add`` refuses a certificate already stored,
 ``replace`` keeps the id and bumps ``version``, ``delete``/``replace`` raise
-NotFound, ``list`` pages by id with an opaque cursor.
+NotFound, ``list`` pages by id with an opaque cursor.  Like a directory store
+it keeps its ticket ring in the file it is given and has neither data keys nor
+bulk adds.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from certagent.certs import hostname
 from certagent.certs.ocsp import OcspFacts, check_for_chain
 from certagent.certs.pem import CertBundle
 from certagent.errors import DuplicateCertificate, NotFound, StoreUnavailable
-from certagent.store.base import CertRecord, Change, Page, StoredCertificate, candidate_names
+from certagent.store.base import CertRecord, Change, Page, StoredCertificate
+from certagent.store.directory import LocalRing
+from certagent.store.records import candidate_names
 
 
 @dataclass
@@ -151,3 +156,12 @@ class MemoryStore:
 
     def describe(self) -> str:
         return "memory://"
+
+    def ticket_ring(self, local_file: Path) -> LocalRing:
+        return LocalRing(local_file)
+
+    def data_keys(self) -> None:
+        return None
+
+    def bulk(self) -> None:
+        return None

@@ -10,14 +10,26 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from certagent.errors import ConfigError
 
 FALLBACKS = ("default-cert", "reject")
-# Which certificates of a name with both an ECDSA and an RSA one are loaded (docs/haproxy.md).
-DUAL_CERTS = ("both", "ecdsa", "rsa")
+
+
+class DualCerts(StrEnum):
+    """Which certificates of a name with both an ECDSA and an RSA one are loaded.
+
+    HAProxy 2.6.12's choice between the two, per client, is in docs/haproxy.md.
+    """
+
+    BOTH = "both"  # every kind found; HAProxy chooses per client
+    ECDSA = "ecdsa"  # only the ECDSA one (a name with only RSA still gets it)
+    RSA = "rsa"  # only the RSA one (a name with only ECDSA still gets it)
+
+
 DIR_WATCH_MODES = ("auto", "poll")
 # ticketkeys.MIN_INTERVAL, without importing the certificate layer here
 MIN_TICKET_ROTATION = 600.0
@@ -75,7 +87,7 @@ class Settings:
     # after an HAProxy reload, re-load at most this many hosts, most recently used first
     rewarm_max: int = 10_000
     # a name with both an ECDSA and an RSA certificate: load both, or only one kind
-    dual_certs: str = "both"
+    dual_certs: DualCerts = DualCerts.BOTH
     # store lookups per second at most, on average (twice that at once); more answer "busy"
     lookup_rate: float = 1000.0
     # hosts marked loaded under one wildcard certificate at most (random-subdomain floods)
@@ -136,10 +148,9 @@ class Settings:
             )
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"log_format must be text or json, not {self.log_format!r}")
-        if self.dual_certs not in DUAL_CERTS:
-            raise ConfigError(
-                f"dual_certs must be one of {', '.join(DUAL_CERTS)}, not {self.dual_certs!r}"
-            )
+        if not isinstance(self.dual_certs, DualCerts):  # built in code, from a string
+            dual = _choice(DualCerts, "dual_certs", self.dual_certs)
+            object.__setattr__(self, "dual_certs", dual)
         if self.lookup_rate <= 0 or self.wildcard_hosts < 0:
             raise ConfigError("lookup_rate must be positive and wildcard_hosts at least 0")
         if self.victim_samples < 1 or self.rewarm_max < 0 or self.max_waiting_loads < 1:
@@ -200,8 +211,24 @@ def parse_bind(value: str, what: str = "api_bind") -> tuple[str, int]:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _choice(kind: type[_E], key: str, value: str) -> _E:
+    """``value`` as a member of ``kind``; ConfigError naming the choices if it is none."""
+    try:
+        return kind(value)
+    except ValueError as exc:
+        choices = ", ".join(m.value for m in kind)
+        raise ConfigError(f"{key} must be one of {choices}, not {value!r}") from exc
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
     kind = type(getattr(Settings(), key))
+    if issubclass(kind, StrEnum):
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: {key} must be a str, got {value!r}")
+        return _choice(kind, f"{source}: {key}", value)
     try:
         if kind is bool:
             if isinstance(value, bool):

@@ -1,7 +1,8 @@
 """``python -m bench.scale``: what a new host, a storm, a reload and idleness cost at scale.
 
-Issue 11's scenarios, each measured against real HAProxy, agent and Redis
-processes on loopback, every figure the median of repeats with its spread:
+The scenarios, each measured against real HAProxy, agent and Redis processes on
+loopback, every figure the median of repeats with its spread (``--only`` takes
+their names; each is a module, the two recycle scenarios share :mod:`.recycles`):
 
 * ``capacity``: K = 1k, 10k, 100k slots full, then cold hosts that each
   recycle a slot: CPU per recycle (HAProxy worker and agent), cold handshake

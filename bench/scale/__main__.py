@@ -23,13 +23,12 @@ from typing import Any
 
 from bench import _native
 from bench._certs import Leaves
-from bench.cli import fresh_path, git_revision, machine
-from bench.scale import recycles, scenarios
+from bench._runinfo import RESULTS, fresh_path, git_revision, machine, say
+from bench.scale import at_rest, hit_ratio, new_host, recycles, reload, storm
 from bench.scale.common import Env, Sizes
 from bench.scale.report import markdown, targets
 from certagent.testing import PKI, RedisFixture, RedisProcess, write_key_file
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = (
     "hit_ratio",
     "idle",
@@ -42,10 +41,6 @@ SCENARIOS = (
 )
 
 
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench.scale", description=__doc__.split("\n\n")[0], allow_abbrev=False
@@ -54,7 +49,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only", default=",".join(SCENARIOS), help=f"comma-separated, of: {', '.join(SCENARIOS)}"
     )
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="results folder")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     p.add_argument("--keep-work", action="store_true", help="keep the scratch directory")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(SCENARIOS)
@@ -75,6 +70,37 @@ def latest_profiles(out: Path) -> list[str]:
 
 class _Stop(Exception):
     pass
+
+
+def run_scenario(
+    name: str, env: Env, sizes: Sizes, leaves: Leaves, native: Path | None
+) -> dict[str, Any]:
+    """One scenario's JSON-ready result; ``native``: the storm's C client, if built."""
+    if name == "capacity":
+        return recycles.capacity(env, sizes, leaves)
+    if name == "store_kinds":
+        return recycles.store_kinds(env, sizes, leaves)
+    if name == "new_host":
+        return new_host.new_host(env, sizes, _both_key_types(env))
+    if name == "storm":
+        return storm.storm_scenario(env, sizes, leaves, native)
+    if name == "reload":
+        return reload.reload_scenario(env, sizes, leaves)
+    if name == "idle":
+        return at_rest.idle_scenario(env, sizes, leaves)
+    if name == "idle_ha":
+        return at_rest.idle_ha_scenario(env, sizes, leaves)
+    if name == "hit_ratio":
+        return hit_ratio.hit_ratio(sizes)
+    raise ValueError(f"unknown scenario {name!r}")
+
+
+def _both_key_types(env: Env) -> dict[str, PKI]:
+    """The ECDSA CA, and an RSA one; one client trusts both roots."""
+    rsa = PKI.create(env.work / "rsa-ca.pem", name="certagent bench RSA CA", key_type="rsa")
+    both = env.work / "roots.pem"
+    both.write_bytes(env.pki.cafile.read_bytes() + rsa.cafile.read_bytes())
+    return {"ecdsa": env.pki, "rsa2048": PKI(rsa.ca, both, "rsa")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,28 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in only:
             say(f"bench.scale: scenario {name} ...")
             t0 = time.perf_counter()
-            if name == "capacity":
-                result[name] = recycles.capacity(env, sizes, leaves)
-            elif name == "new_host":
-                rsa = PKI.create(work / "rsa-ca.pem", name="certagent bench RSA CA", key_type="rsa")
-                # one client trusts both roots: the RSA leaves chain to the RSA root
-                both = work / "roots.pem"
-                both.write_bytes(pki.cafile.read_bytes() + rsa.cafile.read_bytes())
-                result[name] = scenarios.new_host(
-                    env, sizes, {"ecdsa": pki, "rsa2048": PKI(rsa.ca, both, "rsa")}
-                )
-            elif name == "storm":
-                result[name] = scenarios.storm_scenario(env, sizes, leaves, built.binary)
-            elif name == "reload":
-                result[name] = scenarios.reload_scenario(env, sizes, leaves)
-            elif name == "idle":
-                result[name] = scenarios.idle_scenario(env, sizes, leaves)
-            elif name == "idle_ha":
-                result[name] = scenarios.idle_ha_scenario(env, sizes, leaves)
-            elif name == "store_kinds":
-                result[name] = recycles.store_kinds(env, sizes, leaves)
-            elif name == "hit_ratio":
-                result[name] = scenarios.hit_ratio(sizes)
+            result[name] = run_scenario(name, env, sizes, leaves, built.binary)
             result[name]["seconds"] = round(time.perf_counter() - t0, 1)
             redis.flushall()
     except (_Stop, KeyboardInterrupt) as exc:

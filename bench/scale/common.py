@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import _runtime_api as api
 from bench._certs import Leaves
 from bench._load import client_context, percentile
 from bench._proc import schedstat_ns
 from certagent.certs.pem import CertBundle, parse_bundle
+from certagent.runtime import protocol
 from certagent.testing import PKI, RedisFixture, RedisProcess, Stack, StackError, rss_kb
 from certagent.testing.certs import cert_pem, issue_cert, key_pem, make_key
 
@@ -67,8 +69,6 @@ class Sizes:
 
 
 # --- readings ------------------------------------------------------------------------------
-
-
 
 
 class Cpu:
@@ -193,8 +193,8 @@ async def ensure_many(
 
 def marked(stack: Stack) -> int:
     """How many hosts fe_sni's table marks loaded."""
-    head = stack.admin(f"show table {stack.settings.usage_table} data.gpt0 gt 0").splitlines()
-    return max(0, len([line for line in head if line.startswith("0x")]))
+    reply = stack.admin(api.line(api.show_loaded(stack.settings.usage_table)))
+    return len(protocol.parse_show_table(reply))
 
 
 # --- certificates and stores -------------------------------------------------------------------

@@ -208,7 +208,12 @@ def store_kinds(env: Env, sizes: Sizes, leaves: Leaves) -> dict[str, Any]:
         sentinels = stack.enter_context(SentinelSet(env.work / "kinds-sentinel"))
         cluster = stack.enter_context(ClusterSet(env.work / "kinds-cluster"))
         runs: dict[str, _Recycles] = {}
-        stack.callback(lambda: [run.close() for run in runs.values()])
+
+        def close_runs() -> None:
+            for run in runs.values():
+                run.close()
+
+        stack.callback(close_runs)
         runs["redis"] = _Recycles(env, k, fill, "kinds-redis")
         kinds: tuple[tuple[str, SentinelSet | ClusterSet], ...] = (
             ("sentinel", sentinels),

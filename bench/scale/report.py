@@ -1,4 +1,4 @@
-"""Issue 11's targets from one run's figures, and the Markdown report."""
+"""The scale targets from one run's figures, and the Markdown report."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
-    """Each must-show figure of issue 11 measured in this run: target, figure, met."""
+    """Each must-show figure of the scale scenarios measured in this run: target, figure, met."""
     out: dict[str, Any] = {}
     cap = result.get("capacity")
     if cap:

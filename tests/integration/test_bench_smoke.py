@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(420)
 def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     # an earlier result of the same day: kept as it is, the run goes to "-2"
     today = datetime.now(UTC).strftime("%Y-%m-%d")
@@ -28,7 +29,7 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=360,  # < 1 min on a quiet machine, 110 s at a load average of 10 on 2 CPUs
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -84,8 +85,9 @@ def test_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
         assert (tmp_path / f"{stem}.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.timeout(600)
 def test_scale_bench_smoke_runs_every_scenario_and_never_overwrites(tmp_path: Path) -> None:
-    """``python -m bench.scale --smoke``: issue 11's scenarios at tiny sizes, twice."""
+    """``python -m bench.scale --smoke``: every scale scenario at tiny sizes, twice."""
     runs = []
     for only in ([], ["--only", "hit_ratio"]):  # the second run only has to write again
         proc = subprocess.run(
@@ -93,7 +95,9 @@ def test_scale_bench_smoke_runs_every_scenario_and_never_overwrites(tmp_path: Pa
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=240,  # every scenario; Sentinel and Cluster sets start twice
+            # every scenario (Sentinel and Cluster sets start twice): 174 s at a load average
+            # of 10 on 2 CPUs; then hit_ratio alone
+            timeout=420,
             check=False,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -157,3 +161,30 @@ def test_agent_profile_quick_measures_every_process_and_sorts_samples_into_phase
         assert len(result["ms_per_recycle"][name]["runs"]) == 2
     assert result["ms_per_recycle"]["agent"]["median"] > 0
     assert list(tmp_path.iterdir()) == []  # --quick writes no result file
+
+
+@pytest.mark.timeout(300)
+def test_profile_load_quick_answers_every_question() -> None:
+    """``python -m bench.profile_load --quick``: HAProxy driven through the agent's own client."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.profile_load", "--quick", "--no-perf", "--budget", "240"],
+        cwd=REPO, capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert "error" not in result
+    params = result["params"]
+    assert list(result["q1"]) == ["K=200", "K=2000"] and result["k_large_used"] == 2000
+    for at_k in result["q1"].values():
+        assert len(at_k["measured"]) == 19 and len(at_k["derived"]) == 6
+        assert all(len(m["samples_us"]) == params["reps"] for m in at_k["measured"].values())
+        assert at_k["measured"]["set+commit+abort (recycled slot)"]["median_us"] > 0
+    variants = result["q2"]["variants"]
+    assert len(variants) == 15
+    assert variants["ec-pkcs8-last"]["set_ratio_to_agent_today"]["median"] == 1  # the agent's form
+    assert result["q2"]["issuers_chain_path_verified_handshake"]["served_leaf_matches"]
+    for key_type in ("ECDSA P-256", "RSA-2048"):
+        assert len(result["q3"][key_type]["first_handshake"]["samples_us"]) == params["hs_rounds"]
+    handshakes = 2 * 3 * params["hs_rounds"] * params["hs_hosts"]  # key types x #1 #2 #3
+    assert sum(result["q3"]["tls_versions"].values()) == handshakes
+    assert result["q4"] == {"skipped": "--no-perf"}

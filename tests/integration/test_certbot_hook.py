@@ -13,7 +13,7 @@ import pytest
 import redis
 from cryptography import x509
 
-from certagent.store._redis_layout import Keys
+from certagent.store.redis import Keys
 from certagent.testing import certagent_argv
 from certagent.testing.certbot import renew, write_lineage
 from certagent.testing.certs import issue

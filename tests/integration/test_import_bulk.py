@@ -26,8 +26,8 @@ from certagent.cli.importer import ImportResult, import_certificates
 from certagent.cli.progress import Progress
 from certagent.config import Settings, to_toml
 from certagent.store import RedisStore
-from certagent.store._redis_bulk import BulkAdds
-from certagent.store._redis_layout import Keys
+from certagent.store.base import BulkWriter
+from certagent.store.redis import BulkAdds, Keys
 from certagent.testing import PKI, RedisFixture
 from certagent.testing.certs import combined, issue, key_pem, make_key
 from certagent.testing.processes import free_port
@@ -41,7 +41,7 @@ KEYS = Keys()
 class OneByOne(StoreBackend):
     """The store backend without its bulk path: every file through the single ``add``."""
 
-    def bulk(self) -> BulkAdds | None:
+    def bulk(self) -> BulkWriter | None:
         return None
 
 
@@ -137,7 +137,7 @@ def test_batches_store_what_single_adds_store(
     shutil.copy(source / "f0007.import.test.pem", source / "f9999-copy.import.test.pem")
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     monkey = pytest.MonkeyPatch()
-    monkey.setattr("certagent.store.redis._now", lambda: now)
+    monkey.setattr("certagent.store.redis._store._now", lambda: now)
     try:
         single, single_out = run_import(
             backend(redis_store.url, ring, prefix="single:", kind=OneByOne), source

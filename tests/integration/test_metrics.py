@@ -73,7 +73,8 @@ def test_metrics_after_a_small_storm(
     assert value("certagent_load_duration_seconds_count") >= len(hosts)
     assert value("certagent_load_duration_seconds_sum") > 0
     assert value("certagent_slots_used") == 8 and value("certagent_slots_capacity") == 8
-    assert value("certagent_hosts_mapped") >= 1
+    assert value("certagent_hosts_marked") >= 1
+    assert value("certagent_hosts_mapped") == value("certagent_hosts_marked")  # old name
     assert value("certagent_store_up") == 1 and value("certagent_haproxy_up") == 1
     assert value("certagent_live_changes_total") == 0
     assert value("certagent_certificates_expiring") == 1

@@ -122,7 +122,7 @@ def test_the_agent_at_rest_does_not_wake_up(
 
 HUNG_AGENT = """
 import sys, threading
-from certagent.store import _files
+from certagent.store.directory import _files
 from certagent.cli import main
 
 original = _files.read_regular

@@ -1,4 +1,4 @@
-"""RedisStore.bulk (add_many, add_prepared) against a real redis-server."""
+"""RedisStore.bulk() (add_many, add_prepared) against a real redis-server."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from certagent.certs.keycrypt import KeyRing
 from certagent.certs.pem import CertBundle
 from certagent.errors import DuplicateCertificate, StoreError, StoreUnavailable
 from certagent.store import RedisStore
-from certagent.store._redis_bulk import IdTaken
-from certagent.store._redis_layout import Keys
-from certagent.store.base import CertRecord
+from certagent.store.base import CertRecord, IdTaken
+from certagent.store.redis import Keys
 from certagent.testing import PKI, RedisFixture
 from certagent.testing.processes import free_port
 
@@ -51,7 +50,7 @@ async def raw(redis_store: RedisFixture) -> AsyncIterator[redis.asyncio.Redis]:
 
 @pytest.fixture
 def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr("certagent.store.redis._now", lambda: FIXED)
+    monkeypatch.setattr("certagent.store.redis._store._now", lambda: FIXED)
     yield
 
 
@@ -109,7 +108,7 @@ async def test_add_many_writes_what_single_adds_write(
     bulk = RedisStore(redis_store.url, keyring=ring, prefix="bulk:")
     try:
         one_by_one = [await single.add(b) for b in batch]
-        together = await bulk.bulk.add_many(batch)
+        together = await bulk.bulk().add_many(batch)
     finally:
         await single.close()
         await bulk.close()
@@ -126,7 +125,7 @@ async def test_duplicates_inside_a_batch_and_against_the_store(
 ) -> None:
     stored, new1, new2 = bundles(pki, 3)
     first = await store.add(stored)
-    results = await store.bulk.add_many([stored, new1, new1, new2, new2])
+    results = await store.bulk().add_many([stored, new1, new1, new2, new2])
     assert isinstance(results[0], DuplicateCertificate)
     assert first.id in str(results[0])
     assert isinstance(results[1], CertRecord)
@@ -145,7 +144,7 @@ async def test_duplicates_inside_a_batch_and_against_the_store(
 async def test_each_event_names_its_record(
     store: RedisStore, raw: redis.asyncio.Redis, pki: PKI
 ) -> None:
-    results = await store.bulk.add_many(bundles(pki, 5))
+    results = await store.bulk().add_many(bundles(pki, 5))
     found = await events(raw)
     assert len(found) == 5
     for result, event in zip(results, found, strict=True):
@@ -162,9 +161,9 @@ async def test_a_batch_is_one_round_trip(
     store: RedisStore, raw: redis.asyncio.Redis, pki: PKI
 ) -> None:
     batch = bundles(pki, 200)
-    await store.bulk.add_many(batch[:1])  # loads the script
+    await store.bulk().add_many(batch[:1])  # loads the script
     await raw.config_resetstat()
-    await store.bulk.add_many(batch[1:])
+    await store.bulk().add_many(batch[1:])
     stats = await raw.info("commandstats")
     calls = {
         name.removeprefix("cmdstat_"): value["calls"]
@@ -181,7 +180,7 @@ async def test_a_key_of_the_wrong_type_fails_its_record_only_and_writes_nothing(
 ) -> None:
     good1, bad, good2 = (pki.bundle(f"{n}.bulk.test") for n in ("a", "b", "c"))
     await raw.set(KEYS.name("b.bulk.test"), b"not a set")
-    results = await store.bulk.add_many([good1, bad, good2])
+    results = await store.bulk().add_many([good1, bad, good2])
     assert isinstance(results[0], CertRecord)
     assert isinstance(results[1], StoreError)
     assert "is a string" in str(results[1])
@@ -210,7 +209,7 @@ async def test_readers_never_see_a_record_without_its_event(
 
     observer = asyncio.create_task(observe())
     for start in range(0, 400, 100):
-        await store.bulk.add_many(batch[start : start + 100])
+        await store.bulk().add_many(batch[start : start + 100])
         await asyncio.sleep(0.001)
     stop.set()
     await observer
@@ -225,9 +224,9 @@ async def test_scripts_flushed_between_batches(
     store: RedisStore, raw: redis.asyncio.Redis, pki: PKI
 ) -> None:
     first, second = bundles(pki, 2)
-    assert isinstance((await store.bulk.add_many([first]))[0], CertRecord)
+    assert isinstance((await store.bulk().add_many([first]))[0], CertRecord)
     await raw.script_flush()
-    assert isinstance((await store.bulk.add_many([second]))[0], CertRecord)
+    assert isinstance((await store.bulk().add_many([second]))[0], CertRecord)
     assert len(await events(raw)) == 2
 
 
@@ -249,10 +248,10 @@ async def test_without_script_permission_transactions_write_the_same(
     scripted = RedisStore(redis_store.url, keyring=ring, prefix="s:")
     try:
         with caplog.at_level(logging.WARNING):
-            first = await limited.bulk.add_many([*batch[:3], batch[0]])
-            second = await limited.bulk.add_many(batch[3:])
-        await scripted.bulk.add_many([*batch[:3], batch[0]])
-        await scripted.bulk.add_many(batch[3:])
+            first = await limited.bulk().add_many([*batch[:3], batch[0]])
+            second = await limited.bulk().add_many(batch[3:])
+        await scripted.bulk().add_many([*batch[:3], batch[0]])
+        await scripted.bulk().add_many(batch[3:])
     finally:
         await limited.close()
         await scripted.close()
@@ -271,9 +270,9 @@ async def test_an_id_already_taken_is_drawn_again(
     draws = iter([existing.id, existing.id, "00000000000000aa"])
     monkeypatch.setattr(secrets, "token_hex", lambda n: next(draws))
     new = pki.bundle("new.bulk.test")
-    prepared = store.bulk.encoder().prepare(new, FIXED)
-    assert isinstance((await store.bulk.add_prepared([prepared]))[0], IdTaken)
-    (result,) = await store.bulk.add_many([new])
+    prepared = store.bulk().encoder().prepare(new, FIXED)
+    assert isinstance((await store.bulk().add_prepared([prepared]))[0], IdTaken)
+    (result,) = await store.bulk().add_many([new])
     assert isinstance(result, CertRecord)
     assert result.id == "00000000000000aa"
     found = await store.lookup("new.bulk.test")
@@ -286,7 +285,7 @@ async def test_unreachable_redis_is_unavailable(ring: KeyRing, pki: PKI) -> None
     gone = RedisStore(f"redis://127.0.0.1:{free_port()}/0", keyring=ring, timeout=0.5)
     try:
         with pytest.raises(StoreUnavailable):
-            await gone.bulk.add_many(bundles(pki, 2))
+            await gone.bulk().add_many(bundles(pki, 2))
     finally:
         await gone.close()
 
@@ -295,13 +294,13 @@ async def test_no_plaintext_key_in_redis(
     store: RedisStore, raw: redis.asyncio.Redis, pki: PKI
 ) -> None:
     batch = bundles(pki, 3)
-    await store.bulk.add_many(batch)
+    await store.bulk().add_many(batch)
     key_body = batch[0].pem.split(b"-----BEGIN PRIVATE KEY-----")[1].split(b"\n")[1]
     async for key in raw.scan_iter(match=KEYS.cert("*").encode()):
         values = b"".join(v for pair in (await raw.hgetall(key)).items() for v in pair)
         assert b"PRIVATE KEY" not in values
         assert key_body not in values
-    encoder = store.bulk.encoder()
+    encoder = store.bulk().encoder()
     assert "k1" in repr(encoder)
     assert repr(encoder.ring.keys[0][1]) not in repr(encoder)
     assert "fields" not in repr(encoder.prepare(batch[0], FIXED))

@@ -34,10 +34,12 @@ from certagent.errors import (
     StoreUnavailable,
 )
 from certagent.store import RedisStore, parse_store_url
-from certagent.store._redis_bulk import RecordEncoder
-from certagent.store._redis_cluster import CLAIM, F_DROPPED, REPLACE, WRITE_NEW, pack
-from certagent.store._redis_layout import Keys, encode_record
-from certagent.store.base import Change, make_record
+from certagent.store.base import Change
+from certagent.store.records import make_record
+from certagent.store.redis import Keys, RecordEncoder
+from certagent.store.redis._cluster import CLAIM, REPLACE, WRITE_NEW
+from certagent.store.redis._layout import F_DROPPED
+from certagent.store.redis._records import encode_record, pack
 from certagent.testing import PKI, RedisFixture
 from certagent.testing.ocsp import ocsp_response
 from certagent.testing.redisha import ClusterSet
@@ -173,7 +175,7 @@ async def test_bulk_adds(store: RedisStore, pki: PKI) -> None:
     existing = await store.lookup("b0.bulk-ha.test")
     assert existing is not None
     bundles.append(existing.bundle)  # already stored
-    results = await store.bulk.add_many(bundles)
+    results = await store.bulk().add_many(bundles)
     added = [r for r in results if not isinstance(r, Exception)]
     assert len(added) == 39
     assert isinstance(results[-2], DuplicateCertificate)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from certagent.certs.validate import UploadPolicy, validate_upload
 from certagent.errors import AgentError, CertificateError, ConfigError
-from certagent.store.redis import PreparedRecord, RecordEncoder
+from certagent.store.base import PreparedRecord, RecordEncoder
 
 __all__ = ["MAX_FILE", "BatchJob", "ImportItem", "prepare_batch", "read_file", "read_key"]
 

@@ -27,9 +27,8 @@ from certagent.errors import (
     DuplicateCertificate,
     NotFound,
 )
-from certagent.store import RedisStore, open_configured
-from certagent.store.base import Store
-from certagent.store.redis import BulkAdds
+from certagent.store import open_configured
+from certagent.store.base import BulkWriter, Store
 
 __all__ = ["TOKEN_ENV", "Backend", "Record", "StoreBackend", "open_backend", "read_file"]
 
@@ -101,9 +100,9 @@ class StoreBackend:
     async def close(self) -> None:
         await self.store.close()
 
-    def bulk(self) -> BulkAdds | None:
+    def bulk(self) -> BulkWriter | None:
         """Many adds per round trip, if the store has them (Redis)."""
-        return self.store.bulk if isinstance(self.store, RedisStore) else None
+        return self.store.bulk()
 
 
 def open_backend(args: argparse.Namespace) -> Backend:

@@ -17,7 +17,6 @@ import asyncio
 import json
 import re
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -303,12 +302,12 @@ async def _rotate_keys(settings: config.Settings) -> int:
         raise ConfigError("keys rotate needs key_file in the configuration (the data keys)")
     store = open_configured(settings)
     try:
-        rotate: Callable[[], Awaitable[object]] | None = getattr(store, "rotate_keys", None)
-        if rotate is None:
+        keys = store.data_keys()
+        if keys is None:
             raise ConfigError(
                 f"the store {store.describe()} does not encrypt keys; nothing to rotate"
             )
-        result = await rotate()
+        result = await keys.rotate_keys()
     finally:
         await store.close()
     print(

@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         "init",
         help="write a working haproxy.cfg + certagent.toml setup into DIR",
         description="Write into DIR: haproxy.cfg, certagent.toml, certagent.lua, an empty "
-        "crt-list and map, and a self-signed default certificate. Then run "
+        "crt-list, and a self-signed default certificate. Then run "
         "'haproxy -W -db -f DIR/haproxy.cfg' and 'certagent run --config DIR/certagent.toml'.",
     )
     pi.add_argument(
@@ -216,15 +216,15 @@ async def _check(settings: config.Settings) -> bool:
         print(f"ok    {build.describe()}, pid {ident.pid} at {settings.haproxy_socket}")
         for note in differences(build):
             print(f"      on this version: {note}")
-        crtlist = await query(settings.haproxy_socket, "show", "ssl", "crt-list")
-        if settings.crt_list not in crtlist.splitlines():
+        crtlists = await query(settings.haproxy_socket, protocol.show_crtlists())
+        if settings.crt_list not in protocol.parse_show_crtlists(crtlists):
             print(f"FAIL  crt-list {settings.crt_list} is not in HAProxy's configuration")
             ok = False
         else:
             print(f"ok    crt-list {settings.crt_list}")
         table = settings.usage_table
-        reply = await query(settings.haproxy_socket, "show", "table", table, "data.gpt0", "gt", "0")
-        if not reply.startswith(f"# table: {table},"):
+        reply = await query(settings.haproxy_socket, protocol.show_marked(table))
+        if not protocol.is_table_dump(table, reply):
             print(
                 f"FAIL  usage table {table}: {reply.strip()[:120]!r}; it must be fe_sni's"
                 " stick-table with 'store gpt0,conn_cnt' (re-run 'certagent init')"
@@ -236,7 +236,7 @@ async def _check(settings: config.Settings) -> bool:
         if settings.tls_keys_file:
             keys = settings.tls_keys_file
             held = protocol.parse_show_tls_keys(
-                await query(settings.haproxy_socket, "show", "tls-keys", keys)
+                await query(settings.haproxy_socket, protocol.show_tls_keys(keys))
             )
             if held is None:
                 print(
@@ -304,7 +304,8 @@ def _print_status(st: dict[str, Any]) -> None:
         print(f"  this version {note}")
     print(f"store          {up[st['store_up']]}, {st['store']}")
     print(
-        f"slots          {st['slots_used']} / {st['capacity']} ({st['hosts_mapped']} hosts mapped)"
+        f"slots          {st['slots_used']} / {st['capacity']}"
+        f" ({st['hosts_marked']} hosts marked loaded)"
     )
     print(
         f"requests       {e['requests']}: hits {e['hits']}, loaded {e['loaded']},"
@@ -313,7 +314,7 @@ def _print_status(st: dict[str, Any]) -> None:
     )
     print(
         f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots,"
-        f" {ld['map_only']} map-only), failures {ld['failures']}, resyncs {ld['resets']}"
+        f" {ld['mark_only']} mark-only), failures {ld['failures']}, resyncs {ld['resets']}"
     )
     tk = st.get("tickets")
     if tk:

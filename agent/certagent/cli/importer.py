@@ -2,7 +2,7 @@
 
 Two ways in: into Redis directly, files are validated and encoded in batches by
 worker processes (:mod:`certagent.cli._import_work`) and each batch is written in
-one round trip (:attr:`RedisStore.bulk <certagent.store.redis.RedisStore.bulk>`);
+one round trip (:meth:`Store.bulk <certagent.store.base.Store.bulk>`);
 otherwise (a directory store, the REST API) files are added one by one, ``jobs``
 at a time.  Cost: O(files) CPU for validation, O(files / batch) round trips.
 """
@@ -33,8 +33,7 @@ from certagent.errors import (
     StoreError,
     StoreUnavailable,
 )
-from certagent.store.base import CertRecord
-from certagent.store.redis import BulkAdds, IdTaken, PreparedRecord
+from certagent.store.base import BulkWriter, CertRecord, IdTaken, PreparedRecord
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -201,7 +200,7 @@ async def _add_one(
 
 async def _import_in_batches(
     backend: StoreBackend,
-    bulk: BulkAdds,
+    bulk: BulkWriter,
     items: list[ImportItem],
     result: ImportResult,
     shown: Progress,
@@ -244,7 +243,7 @@ async def _import_in_batches(
 
 async def _write_batch(
     backend: StoreBackend,
-    bulk: BulkAdds,
+    bulk: BulkWriter,
     chunk: tuple[ImportItem, ...],
     outcomes: list[PreparedRecord | AgentError],
     result: ImportResult,

@@ -13,8 +13,7 @@ import logging
 from certagent.certs.selfsigned import PLACEHOLDER_NAME
 from certagent.errors import StrayTransaction
 from certagent.runtime import protocol
-from certagent.runtime.batch import check_unmap, unmap_commands
-from certagent.runtime.client import Command, RuntimeClient
+from certagent.runtime.client import RuntimeClient
 from certagent.runtime.haproxycfg import HAProxyNames
 from certagent.runtime.pool import Slot, SlotPool
 
@@ -37,17 +36,16 @@ async def adopt(client: RuntimeClient, pool: SlotPool, names: HAProxyNames, now:
     """
     c = client
     pool.clear()
-    certs = protocol.parse_show_ssl_cert(await c.execute("show", "ssl", "cert"))
+    certs = protocol.parse_show_ssl_cert(await c.execute(protocol.show_certs()))
     if certs.transaction is not None:
         # Never abort it: after a commit cut short by its client's death, 2.6.12 keeps
         # a transaction on freed memory, and abort/set/commit on it crash the worker.
         raise StrayTransaction(certs.transaction)
-    in_list = set(
-        protocol.parse_show_crtlist(await c.execute("show", "ssl", "crt-list", names.crt_list))
-    )
+    listing = await c.execute(protocol.show_crtlist(names.crt_list))
+    in_list = set(protocol.parse_show_crtlist(listing))
     marked: dict[str, list[str]] = {}  # slot name -> hosts marked loaded in it
     stale: list[str] = []
-    table = await c.execute("show", "table", names.usage_table, "data.gpt0", "gt", "0")
+    table = await c.execute(protocol.show_marked(names.usage_table))
     for entry in protocol.parse_show_table(table):
         if entry.gpt0:
             marked.setdefault(pool.slot_name(entry.gpt0), []).append(entry.key)
@@ -58,7 +56,7 @@ async def adopt(client: RuntimeClient, pool: SlotPool, names: HAProxyNames, now:
     held = [n for n in listed if n in in_list]
     for start in range(0, len(held), CHUNK):
         chunk = held[start : start + CHUNK]
-        replies = await c.pipeline([Command(("show", "ssl", "cert", n)) for n in chunk])
+        replies = await c.pipeline([protocol.show_cert(n) for n in chunk])
         for name, reply in zip(chunk, replies, strict=True):
             details = protocol.parse_cert_details(reply)
             if details.dns_names == (PLACEHOLDER_NAME,):
@@ -80,9 +78,10 @@ async def adopt(client: RuntimeClient, pool: SlotPool, names: HAProxyNames, now:
             pool.place(slot)
     stale += [host for hosts in marked.values() for host in hosts]  # marks of no slot
     if stale:
-        answers = iter(await c.pipeline([x for h in stale for x in unmap_commands(names, h)]))
+        unmarks = [x for h in stale for x in protocol.unmark(names.usage_table, h)]
+        answers = iter(await c.pipeline(unmarks))
         for _ in stale:
-            check_unmap(answers)
+            protocol.check_unmark(answers)
     log.info(
         "adopted %d slots (%d hosts marked loaded) from HAProxy pid %s",
         len(pool),

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from certagent.errors import HAProxyError
+from certagent.runtime import protocol
 from certagent.runtime.client import query
 
 #: OpenSSL from which HAProxy offers the post-quantum hybrid X25519MLKEM768.
@@ -110,17 +111,17 @@ def differences(build: HAProxyBuild) -> list[str]:
     notes: list[str] = []
     if build.branch < (3, 0):
         notes += [
-            "del ssl crt-list leaks ~20 KB per delete: slots are recycled in place, never deleted",
-            "a second writer's set ssl cert merges into the open transaction: the agent is the"
-            " only writer",
+            "deleting a crt-list entry leaks ~20 KB: slots are recycled in place, never deleted",
+            "a second writer's certificate update is merged into the open transaction: the agent"
+            " is the only writer",
             "dual ECDSA+RSA certificates: RSA-PSS-only clients fail and TLS 1.3 clients get RSA"
             " (docs/haproxy.md#dual-certificates-ecdsa--rsa-for-one-name)",
             "a commit cut short leaves a transaction on freed memory: the agent reloads HAProxy",
         ]
     else:
         notes += [
-            "del ssl crt-list no longer leaks and a second writer is refused (the agent still"
-            " recycles slots in place and is the only writer)",
+            "deleting a crt-list entry no longer leaks and a second writer is refused (the agent"
+            " still recycles slots in place and is the only writer)",
             "dual ECDSA+RSA certificates: every client gets one it supports",
             "a commit cut short still crashes the worker: never cut a commit",
             "Lua: one state per thread (lua-load-per-thread), the collector at its defaults",
@@ -143,10 +144,11 @@ async def probe_build(socket_path: str, version: str, timeout: float = 5.0) -> H
     gives.  HAProxyError if the runtime API does not answer; a build with the
     libraries unknown if the executable cannot be run (another user's, gone).
     """
-    dev = await query(socket_path, "show", "dev", timeout=timeout)
+    dev = await query(socket_path, protocol.show_build(dev=True), timeout=timeout)
     if _VERSION.search(dev):
         return parse_build(dev, version)
-    exe = executable_from_libs(await query(socket_path, "show", "libs", timeout=timeout))
+    libs = await query(socket_path, protocol.show_build(dev=False), timeout=timeout)
+    exe = executable_from_libs(libs)
     if exe is None or exe.endswith(" (deleted)"):
         return HAProxyBuild(version, None, None)
     try:

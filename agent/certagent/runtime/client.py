@@ -12,55 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from certagent.errors import HAProxyError, HAProxyTimeout, HAProxyUnavailable, Locked
+from certagent.errors import HAProxyError, HAProxyTimeout, HAProxyUnavailable
 from certagent.runtime import protocol
+from certagent.runtime.protocol import Command, Identity
+
+__all__ = ["Command", "Identity", "RuntimeClient", "probe_identity", "query"]
 
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 65536
 
 
-@dataclass(frozen=True)
-class Command:
-    """One runtime-API command: its arguments and an optional ``<<`` payload."""
-
-    args: tuple[str, ...]
-    payload: bytes | None = None
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Which HAProxy process a connection talks to; changes on reload and restart."""
-
-    pid: int
-    start_time: int
-    version: str
-
-
-def identity_from_info(info: dict[str, str]) -> Identity:
-    try:
-        return Identity(
-            int(info["Pid"]), int(info.get("Start_time_sec", "0")), info.get("Version", "?")
-        )
-    except ValueError as exc:
-        raise HAProxyError(f"unexpected 'show info' values: Pid={info.get('Pid')!r}") from exc
-
-
 class RuntimeClient:
     def __init__(
-        self,
-        path: str,
-        *,
-        timeout: float = 5.0,
-        bufsize: int = protocol.DEFAULT_BUFSIZE,
-        locked_retries: int = 6,
+        self, path: str, *, timeout: float = 5.0, bufsize: int = protocol.DEFAULT_BUFSIZE
     ) -> None:
         self.path = path
         self.timeout = timeout
         self.bufsize = bufsize
-        self.locked_retries = locked_retries
         self.identity: Identity | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -83,10 +53,8 @@ class RuntimeClient:
                 "is HAProxy running with 'stats socket ... level admin'?"
             ) from exc
         self._splitter = protocol.ReplySplitter()
-        await self.execute("prompt")
-        self.identity = identity_from_info(
-            protocol.parse_show_info(await self.execute("show", "info"))
-        )
+        await self.execute(protocol.prompt())
+        self.identity = protocol.parse_identity(await self.execute(protocol.show_info()))
         log.info(
             "connected to HAProxy %s pid %d via %s",
             self.identity.version,
@@ -105,9 +73,9 @@ class RuntimeClient:
             except OSError as exc:
                 log.debug("closing runtime socket: %s", exc)
 
-    async def execute(self, *args: str, payload: bytes | None = None) -> str:
+    async def execute(self, command: Command) -> str:
         """Send one command, return its reply text (continuation prompts removed)."""
-        (reply,) = await self.pipeline([Command(args, payload)])
+        (reply,) = await self.pipeline([command])
         return reply
 
     async def pipeline(self, commands: Sequence[Command]) -> list[str]:
@@ -119,15 +87,11 @@ class RuntimeClient:
         """
         if not commands:
             return []
-        data = b"".join(
-            protocol.encode(*c.args, payload=c.payload, bufsize=self.bufsize) for c in commands
-        )
+        data = b"".join(c.encode(self.bufsize) for c in commands)
         if log.isEnabledFor(logging.DEBUG):
             for c in commands:
                 # Arguments only: a payload (certificate + private key) is never logged.
-                log.debug(
-                    "runtime-api> %s%s", protocol.shown(c.args), " <<payload" if c.payload else ""
-                )
+                log.debug("runtime-api> %s", c)
         timeout = self.timeout + 0.01 * len(commands)
         async with self._lock:
             if self._writer is None or self._reader is None:
@@ -160,18 +124,6 @@ class RuntimeClient:
             raise HAProxyError(f"HAProxy sent more than {count} replies for {count} commands")
         return replies
 
-    async def execute_cert(self, *args: str, payload: bytes | None = None) -> str:
-        """Like :meth:`execute`, retrying ``currently locked`` with backoff."""
-        delay = 0.01
-        for attempt in range(self.locked_retries + 1):
-            reply = await self.execute(*args, payload=payload)
-            if protocol.LOCKED not in reply or attempt == self.locked_retries:
-                return reply
-            log.warning("HAProxy certificate operations locked; retrying in %.0f ms", delay * 1000)
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise Locked(" ".join(args), protocol.LOCKED)  # pragma: no cover - loop always returns
-
 
 async def probe_identity(path: str, timeout: float = 2.0) -> Identity:
     """Ask HAProxy who it is over a fresh, read-only connection (``show info``).
@@ -183,26 +135,27 @@ async def probe_identity(path: str, timeout: float = 2.0) -> Identity:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
     except (OSError, TimeoutError) as exc:
         raise HAProxyUnavailable(f"cannot connect to {path}: {exc}") from exc
+    command = protocol.show_info()
     try:
-        writer.write(b"show info\n")
+        writer.write(command.encode())
         data = await asyncio.wait_for(reader.read(), timeout)
     except (OSError, TimeoutError) as exc:
-        raise HAProxyUnavailable(f"'show info' on {path} failed: {exc}") from exc
+        raise HAProxyUnavailable(f"'{command}' on {path} failed: {exc}") from exc
     finally:
         writer.close()
-    return identity_from_info(protocol.parse_show_info(data.decode("utf-8", errors="replace")))
+    return protocol.parse_identity(data.decode("utf-8", errors="replace"))
 
 
-async def query(path: str, *args: str, timeout: float = 5.0) -> str:
+async def query(path: str, command: Command, timeout: float = 5.0) -> str:
     """Run one read-only command over a fresh connection (``check``, diagnostics)."""
-    data = protocol.encode(*args)
+    data = command.encode()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
-        writer.write(data)
-        raw = await asyncio.wait_for(reader.read(), timeout)
-        writer.close()
+        try:
+            writer.write(data)
+            raw = await asyncio.wait_for(reader.read(), timeout)
+        finally:
+            writer.close()
     except (OSError, TimeoutError) as exc:
-        raise HAProxyUnavailable(
-            f"{args[0]} {' '.join(args[1:3])} on {path} failed: {exc}"
-        ) from exc
+        raise HAProxyUnavailable(f"{command} on {path} failed: {exc}") from exc
     return raw.decode("utf-8", errors="replace")

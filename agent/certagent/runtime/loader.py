@@ -4,8 +4,9 @@ The loader is the only code that writes to HAProxy.  A load is a handful of
 commands that must not interleave with another load (2.6.12 has one global
 certificate transaction), so every write runs under one lock.  Loads wait in
 two FIFO queues -- clients first, re-warming after a reload second -- and go
-out in batches (:mod:`certagent.runtime.batch`).  A client's load that is not
-done within its hold gets :class:`~certagent.errors.Busy`.
+out in batches (:mod:`certagent.runtime.batch`); every command is built by
+:mod:`certagent.runtime.protocol`.  A client's load that is not done within
+its hold gets :class:`~certagent.errors.Busy`.
 
 Mark discipline: a host is marked loaded (fe_sni's table, ``gpt0`` = its slot
 number) only while its certificate is committed in that slot.  Recycling a
@@ -34,6 +35,7 @@ from typing import TypeVar
 from certagent.certs import pem
 from certagent.certs.hostname import covers
 from certagent.certs.selfsigned import placeholder
+from certagent.certs.stored import StoredCertificate
 from certagent.errors import (
     AgentError,
     Busy,
@@ -42,13 +44,12 @@ from certagent.errors import (
     StrayTransaction,
     WrongTransaction,
 )
-from certagent.runtime import batch as plan
 from certagent.runtime import protocol, recover, txn
 from certagent.runtime.adopt import adopt
+from certagent.runtime.batch import Load, judge, load_commands
 from certagent.runtime.client import Identity, RuntimeClient, probe_identity
 from certagent.runtime.haproxycfg import HAProxyNames
-from certagent.runtime.pool import Slot, SlotPool, SlotState
-from certagent.runtime.requests import (
+from certagent.runtime.loadqueue import (
     LoadCounters,
     LoadRequest,
     Priority,
@@ -56,8 +57,8 @@ from certagent.runtime.requests import (
     has_failed,
     retrieve,
 )
+from certagent.runtime.pool import Slot, SlotPool, SlotState
 from certagent.runtime.usage import VictimChooser, parse_usage, read_usage, usage_commands
-from certagent.store.base import StoredCertificate
 
 T = TypeVar("T")
 
@@ -75,12 +76,24 @@ RACE = 2.0
 
 
 class Loader:
+    """The single writer of one HAProxy.
+
+    ``master_socket`` is HAProxy's master CLI, for the rare reload the loader
+    asks for (:mod:`certagent.runtime.recover`; "" = SIGUSR2 to the worker's
+    parent); ``on_reload`` is then called with the hosts to re-warm in the new
+    worker.  ``on_session`` runs on every new HAProxy session, after adoption
+    and under the writer's lock (ticket keys); its errors are logged.
+    """
+
     def __init__(
         self,
         client: RuntimeClient,
         pool: SlotPool,
         names: HAProxyNames,
         *,
+        master_socket: str = "",
+        on_reload: Callable[[list[str]], None] | None = None,
+        on_session: Callable[[RuntimeClient], Awaitable[None]] | None = None,
         max_waiting: int = 10_000,
         batch: int = BATCH,
         chooser: VictimChooser | None = None,
@@ -89,6 +102,9 @@ class Loader:
         self.client = client
         self.pool = pool
         self.names = names
+        self.master_socket = master_socket
+        self.on_reload = on_reload
+        self.on_session = on_session
         self.max_waiting = max_waiting
         self.batch = batch
         self.chooser = chooser or VictimChooser()
@@ -99,11 +115,6 @@ class Loader:
         self._drainer: asyncio.Task[None] | None = None
         self._retry_at = float("-inf")
         self._backoff = RECONNECT_MIN
-        # called with the hosts to re-warm after a reload the loader asked for
-        self.on_reload: Callable[[list[str]], None] | None = None
-        self.master_socket = ""  # HAProxy's master CLI, for that reload (else SIGUSR2)
-        # run on every new HAProxy session, after adoption (ticket keys); errors are logged
-        self.on_session: Callable[[RuntimeClient], Awaitable[None]] | None = None
         self._placeholder = pem.normalise_pem(placeholder())
 
     @property
@@ -278,8 +289,8 @@ class Loader:
             number = self.pool.slot_number(slots[0].name) if slots else None
             if number is None:
                 return False
-            command = plan.map_command(self.names, host, number)
-            protocol.check_empty("set table", await self.client.execute(*command.args))
+            command = protocol.set_mark(self.names.usage_table, host, number)
+            protocol.check_set_mark(await self.client.execute(command))
             self.pool.remarked(host, self._clock())
             self.counters.remarks += 1
             return True
@@ -294,10 +305,10 @@ class Loader:
             number = self.pool.slot_number(slot.name)
             if self.pool.get(slot.name) is not slot or number is None:
                 return False
-            command = plan.map_command(self.names, host, number)
-            protocol.check_empty("set table", await self.client.execute(*command.args))
-            self.pool.map_host(host, (slot,), self._clock())
-            self.counters.map_only += 1
+            command = protocol.set_mark(self.names.usage_table, host, number)
+            protocol.check_set_mark(await self.client.execute(command))
+            self.pool.mark_host(host, (slot,), self._clock())
+            self.counters.mark_only += 1
             return True
 
     @contextlib.asynccontextmanager
@@ -333,7 +344,7 @@ class Loader:
             names = cert.bundle.names
             gone = [h for h in sorted(slot.hosts) if not any(covers(p, h) for p in names)]
             await self._unmark(gone)
-            await self._set_and_commit(slot.name, cert.bundle.pem, cert.ocsp)
+            await self._commit(slot.name, cert.bundle.pem, cert.ocsp)
             self.pool.recertify(slot, cert.bundle.fingerprint_sha1, cert.id, cert.bundle.names)
             slot.ocsp = cert.ocsp
             self.counters.rotations += 1
@@ -348,7 +359,7 @@ class Loader:
             if slot.ocsp is not None:
                 await txn.replace_ocsp(self.client, ocsp)
             else:  # the first response: HAProxy sets stapling up at a commit
-                await txn.set_and_commit(self.client, slot.name, None, ocsp)
+                await self._commit(slot.name, None, ocsp)
             slot.ocsp = ocsp
             self.counters.staples += 1
             return True
@@ -360,25 +371,27 @@ class Loader:
             if slot is None:
                 return False
             await self._unmark(sorted(slot.hosts))
-            await self._set_and_commit(slot.name, self._placeholder)
+            await self._commit(slot.name, self._placeholder)
             self.pool.add_free(slot.name)
             self.counters.unloads += 1
             return True
 
-    async def unmap(self, host: str, deadline: float) -> None:
+    async def unmark(self, host: str, deadline: float) -> None:
         """Unmark ``host``; its next connection asks the agent again."""
-        async with self._writer(deadline, f"unmap of {host}"):
-            if self.pool.is_mapped(host):
+        async with self._writer(deadline, f"unmark of {host}"):
+            if self.pool.is_marked(host):
                 await self._unmark([host])
+
+    def _unmarks(self, hosts: Sequence[str]) -> list[protocol.Command]:
+        return [c for h in hosts for c in protocol.unmark(self.names.usage_table, h)]
 
     async def _unmark(self, hosts: Sequence[str]) -> None:
         if not hosts:
             return
-        commands = [c for h in hosts for c in plan.unmap_commands(self.names, h)]
-        replies = iter(await self.client.pipeline(commands))
+        replies = iter(await self.client.pipeline(self._unmarks(hosts)))
         for host in hosts:
-            plan.check_unmap(replies)
-            self.pool.unmap_host(host)
+            protocol.check_unmark(replies)
+            self.pool.unmark_host(host)
 
     async def _drain(self) -> None:
         """The single writer's load loop: batches from the queues until both are empty."""
@@ -432,11 +445,9 @@ class Loader:
         certs = list(needed.values())
         places = pool.growth(len(certs))
         victims = await self._victims(len(certs) - len(places), keep)
-        loads = [
-            plan.Load(c, name, state, None) for c, (name, state) in zip(certs, places, strict=False)
-        ]
+        loads = [Load(c, n, state, None) for c, (n, state) in zip(certs, places, strict=False)]
         loads += [
-            plan.Load(c, v.name, SlotState.LISTED, v)
+            Load(c, v.name, SlotState.LISTED, v)
             for c, v in zip(certs[len(places) :], victims, strict=False)
         ]
         await self._write(todo, loads)
@@ -457,7 +468,7 @@ class Loader:
         )
         return self.chooser.choose(candidates, count, usage)
 
-    async def _write(self, todo: list[LoadRequest], loads: list[plan.Load]) -> None:
+    async def _write(self, todo: list[LoadRequest], loads: list[Load]) -> None:
         """Commit every load, then mark every host of ``todo``: one pipelined write.
 
         HAProxy runs the marks after the commits, so a host is marked only once its
@@ -467,7 +478,7 @@ class Loader:
         pool = self.pool
         target = {ld.cert.bundle.fingerprint_sha1: ld.slot for ld in loads}
         marks: list[tuple[LoadRequest, list[str]]] = []
-        commands = plan.load_commands(self.names, loads)
+        commands = load_commands(self.names, loads)
         sent_loads = len(commands)
         for request in todo:
             where: list[str] = []
@@ -482,7 +493,7 @@ class Loader:
                 request.future.set_exception(Busy("no slot free in this batch; retry"))
                 continue
             marks.append((request, where))
-            commands.append(plan.map_command(self.names, request.host, number))
+            commands.append(protocol.set_mark(self.names.usage_table, request.host, number))
         # Recycling: read the next choice's candidates in the same write (usage.py).
         recycled = sum(1 for ld in loads if ld.victim is not None)
         ahead = self.chooser.draw_ahead(pool, recycled, (ld.slot for ld in loads))
@@ -496,7 +507,7 @@ class Loader:
         await self._placed(loads, replies[:sent_loads])
         failed: list[str] = []
         for (request, where), reply in zip(marks, replies[sent_loads:read], strict=True):
-            protocol.check_empty("set table", reply)
+            protocol.check_set_mark(reply)
             ready = tuple(s for n in where if (s := pool.get(n)) is not None)
             expected = [c.bundle.fingerprint_sha1 for c in request.certs]
             if [s.fingerprint for s in ready] != expected:
@@ -507,26 +518,26 @@ class Loader:
                 request.future.set_exception(error or Busy("the load failed; retry"))
                 continue
             if not any(ld.cert in request.certs for ld in loads):
-                self.counters.map_only += 1  # e.g. a wildcard already loaded for a sibling
-            pool.map_host(request.host, ready, self._clock())
+                self.counters.mark_only += 1  # e.g. a wildcard already loaded for a sibling
+            pool.mark_host(request.host, ready, self._clock())
             request.future.set_result(ready)
         if failed:
             await self._unmark_quietly(failed)
 
-    async def _placed(self, loads: list[plan.Load], replies: Sequence[str]) -> None:
+    async def _placed(self, loads: list[Load], replies: Sequence[str]) -> None:
         """Judge the loads' replies and record in the pool what HAProxy now holds."""
         if not loads:
             return
         for ld in loads:
             if ld.victim is not None:
                 self.pool.drop_hosts(ld.victim)
-        outcome = plan.judge(self.names, loads, replies)
-        for name in outcome.created:
+        verdict = judge(self.names, loads, replies)
+        for name in verdict.created:
             self.pool.add_spare(name)
-        for name in outcome.stale:
+        for name in verdict.stale:
             # The commit failed but the line went in: the store was not empty (a spare
             # name from an earlier agent).  Serve the placeholder there, not its leftovers.
-            await self._set_and_commit(name, self._placeholder)
+            await self._commit(name, self._placeholder)
             self.pool.add_free(name)
         now = self._clock()
         for ld in loads:
@@ -551,16 +562,16 @@ class Loader:
 
     async def _unmark_quietly(self, hosts: Sequence[str]) -> None:
         """Unmark hosts whose load failed after their mark went out in the same write."""
-        commands = [c for h in hosts for c in plan.unmap_commands(self.names, h)]
         try:
-            replies = iter(await self.client.pipeline(commands))
+            replies = iter(await self.client.pipeline(self._unmarks(hosts)))
             for _ in hosts:
-                plan.check_unmap(replies)
+                protocol.check_unmark(replies)
         except HAProxyError as exc:
             log.warning("unmarking %s after a failed load: %s", " ".join(hosts), exc)
 
-    async def _set_and_commit(self, name: str, pem: bytes, ocsp: bytes | None = None) -> None:
-        await txn.set_and_commit(self.client, name, pem, ocsp)
+    async def _commit(self, name: str, pem: bytes | None, ocsp: bytes | None = None) -> None:
+        """One certificate transaction on slot ``name`` (the batch's, sent on its own)."""
+        await txn.commit(self.client, protocol.Transaction(name, pem, ocsp))
 
     # --- questions -------------------------------------------------------------------
 
@@ -583,7 +594,5 @@ class Loader:
         async with self._lock:
             if not self.client.connected:
                 return {}
-            reply = await self.client.execute(
-                "show", "table", self.names.usage_table, "data.gpt0", "gt", "0"
-            )
+            reply = await self.client.execute(protocol.show_marked(self.names.usage_table))
         return {e.key: e.conn_cnt or 0 for e in protocol.parse_show_table(reply)}

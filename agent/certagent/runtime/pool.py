@@ -52,10 +52,10 @@ class SlotPool:
         self._slots: dict[str, Slot] = {}
         self._by_fingerprint: dict[str, Slot] = {}
         # host -> the slots serving it (two for an ECDSA + RSA pair); a host is here
-        # exactly while it is in HAProxy's loaded map
+        # exactly while it is marked loaded in HAProxy's usage table
         self._by_host: dict[str, tuple[Slot, ...]] = {}
         self._marked_at: dict[str, float] = {}  # host -> when it was last marked loaded
-        # certificate id -> its slots; parent domain -> mapped hosts below it (for wildcards)
+        # certificate id -> its slots; parent domain -> marked hosts below it (for wildcards)
         self._by_cert: dict[str, set[str]] = {}
         self._by_wildcard: dict[str, set[str]] = {}  # "*.d" -> slots whose certificate has it
         self._by_parent: dict[str, set[str]] = {}
@@ -102,7 +102,7 @@ class SlotPool:
         return name.startswith(self.prefix)
 
     def for_host(self, host: str) -> tuple[Slot, ...]:
-        """The slots serving ``host``; empty if the host is not mapped."""
+        """The slots serving ``host``; empty if the host is not marked loaded."""
         return self._by_host.get(host, ())
 
     def get(self, name: str) -> Slot | None:
@@ -121,11 +121,12 @@ class SlotPool:
         self._by_fingerprint[fingerprint] = slot
         self._index_cert(slot)
 
-    def is_mapped(self, host: str) -> bool:
+    def is_marked(self, host: str) -> bool:
+        """Whether ``host`` is marked loaded (served by a slot, its connections skip the agent)."""
         return host in self._by_host
 
     def marked_at(self, host: str) -> float | None:
-        """When ``host`` was last marked loaded; None if it is not mapped."""
+        """When ``host`` was last marked loaded; None if it is not marked."""
         return self._marked_at.get(host)
 
     def remarked(self, host: str, at: float) -> None:
@@ -144,7 +145,7 @@ class SlotPool:
         return self._slots[min(holders)] if holders else None
 
     def hosts_covered_by(self, pattern: str) -> list[str]:
-        """Mapped hosts that ``pattern`` names: itself, or for ``*.d`` every ``x.d``."""
+        """Marked hosts that ``pattern`` names: itself, or for ``*.d`` every ``x.d``."""
         if pattern.startswith("*."):
             return sorted(self._by_parent.get(pattern[2:], ()))
         return [pattern] if pattern in self._by_host else []
@@ -223,11 +224,11 @@ class SlotPool:
         self._by_fingerprint[slot.fingerprint] = slot
         self._index_cert(slot)
         for host in list(slot.hosts):
-            self.map_host(host, (*self.for_host(host), slot))
+            self.mark_host(host, (*self.for_host(host), slot))
 
-    def map_host(self, host: str, slots: Iterable[Slot], at: float = 0.0) -> None:
-        """Record that ``host`` is mapped (marked loaded at time ``at``) and served by ``slots``."""
-        self.unmap_host(host)
+    def mark_host(self, host: str, slots: Iterable[Slot], at: float = 0.0) -> None:
+        """Record that ``host`` is marked loaded (at time ``at``) and served by ``slots``."""
+        self.unmark_host(host)
         group = tuple(slots)
         for slot in group:
             slot.hosts.add(host)
@@ -235,8 +236,8 @@ class SlotPool:
         self._marked_at[host] = at
         self._by_parent.setdefault(_parent(host), set()).add(host)
 
-    def unmap_host(self, host: str) -> None:
-        """``host`` left the map: none of its slots serves it any more."""
+    def unmark_host(self, host: str) -> None:
+        """``host`` is no longer marked loaded: none of its slots serves it any more."""
         group = self._by_host.pop(host, None)
         if group is None:
             return
@@ -250,10 +251,10 @@ class SlotPool:
                 del self._by_parent[_parent(host)]
 
     def drop_hosts(self, slot: Slot) -> list[str]:
-        """Unmap every host ``slot`` serves (also from their other slots); return them."""
+        """Unmark every host ``slot`` serves (also from their other slots); return them."""
         hosts = sorted(slot.hosts)
         for host in hosts:
-            self.unmap_host(host)
+            self.unmark_host(host)
         slot.hosts.clear()
         return hosts
 

@@ -22,7 +22,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # How long a reload the agent asked for may take before the new worker answers (s).
 RELOAD_WAIT = 15.0
+# How long HAProxy's master CLI may take to take the reload request (s).
+MASTER_TIMEOUT = 5.0
 
 
 def master_of(worker_pid: int) -> int:
@@ -59,29 +60,37 @@ def master_of(worker_pid: int) -> int:
     return parent
 
 
-def reload_through_master_socket(path: str) -> None:
-    """``reload`` on HAProxy's master CLI (``haproxy -S <path>``); HAProxyError if refused."""
+async def reload_through_master_socket(path: str, timeout: float = MASTER_TIMEOUT) -> None:
+    """``reload`` on HAProxy's master CLI (``haproxy -S <path>``); HAProxyError if refused.
+
+    Waits for the master's first bytes (or its closing the connection), at most
+    ``timeout`` seconds.
+    """
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5.0)
-            sock.connect(path)
-            sock.sendall(b"reload\n")
-            sock.recv(4096)
-    except OSError as exc:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(path)
+            try:
+                writer.write(protocol.master_reload().encode())
+                await writer.drain()
+                await reader.read(4096)
+            finally:
+                writer.close()
+    except (OSError, TimeoutError) as exc:
+        reason = str(exc) or f"no answer within {timeout:.0f}s"
         raise HAProxyError(
-            f"cannot ask HAProxy's master to reload on {path}: {exc}; it must be HAProxy's"
+            f"cannot ask HAProxy's master to reload on {path}: {reason}; it must be HAProxy's"
             " master CLI (haproxy -S), reachable by the agent's user"
         ) from exc
     log.warning("asked HAProxy's master for a graceful reload on %s", path)
 
 
-def graceful_reload(worker_pid: int, master_socket: str = "") -> int:
+async def graceful_reload(worker_pid: int, master_socket: str = "") -> int:
     """Ask HAProxy's master to reload: through its CLI if given, else SIGUSR2.
 
     Returns the master's pid (0 when asked through the socket).
     """
     if master_socket:
-        reload_through_master_socket(master_socket)
+        await reload_through_master_socket(master_socket)
         return 0
     master = master_of(worker_pid)
     try:
@@ -119,7 +128,7 @@ async def reload_and_adopt(
     )
     hosts = await _marked_by_recency(client, names)
     await client.close()
-    graceful_reload(old.pid, master_socket)
+    await graceful_reload(old.pid, master_socket)
     deadline = clock() + RELOAD_WAIT
     while True:
         try:
@@ -141,7 +150,7 @@ async def reload_and_adopt(
 async def _marked_by_recency(client: RuntimeClient, names: HAProxyNames) -> list[str]:
     """Hosts the connected worker marks loaded, most recently used first (O(K), read-only)."""
     try:
-        reply = await client.execute("show", "table", names.usage_table, "data.gpt0", "gt", "0")
+        reply = await client.execute(protocol.show_marked(names.usage_table))
     except HAProxyError as exc:
         log.warning("cannot read the loaded hosts before the reload: %s", exc)
         return []

@@ -3,7 +3,7 @@
 fe_sni's stick table holds one entry per loaded host (``gpt0`` = its slot
 number).  Every connection that skips the agent is tracked there: ``exp``
 tells how long ago the host was last used and ``conn_cnt`` how often since
-the agent mapped it.  Reading the whole table costs O(K), so victims are
+the agent marked it.  Reading the whole table costs O(K), so victims are
 chosen the way Redis approximates LRU: draw a few slots at random, add the
 best candidates left over from earlier draws, re-read only their hosts'
 entries (``show table <t> key <host>``, one pipelined round trip), and take
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from certagent.runtime import protocol
-from certagent.runtime.client import Command, RuntimeClient
+from certagent.runtime.client import RuntimeClient
 from certagent.runtime.pool import Slot, SlotPool
 
 #: Slots drawn at random per choice, and best leftovers kept for the next one.
@@ -183,9 +183,9 @@ class VictimChooser:
         return ranked[:count]
 
 
-def usage_commands(table: str, hosts: Iterable[str]) -> list[Command]:
-    """``show table <table> key <host>`` for each of ``hosts`` (validated names)."""
-    return [Command(("show", "table", table, "key", host)) for host in hosts]
+def usage_commands(table: str, hosts: Iterable[str]) -> list[protocol.Command]:
+    """The usage-table entry of each of ``hosts`` (validated names): one command each."""
+    return [protocol.show_entry(table, host) for host in hosts]
 
 
 def parse_usage(replies: Iterable[str], expire_ms: int, now: float) -> dict[str, HostUsage]:

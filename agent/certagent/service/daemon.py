@@ -36,10 +36,9 @@ from certagent.service.namefilter import NameFilter, NotingStore, keep_built
 from certagent.service.notify import notify
 from certagent.service.ocspfetch import OcspFetcher
 from certagent.service.rewarm import Rewarmer
-from certagent.service.tickets import LocalRing, RingStore, TicketKeeper
+from certagent.service.tickets import RingStore, TicketKeeper
 from certagent.store import open_configured
 from certagent.store.base import Store
-from certagent.store.redis import RedisStore
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +48,18 @@ HEALTH_TIMEOUT = 1.0
 
 
 class Agent:
-    """Everything ``certagent run`` wires together, with no process-global state."""
+    """Everything ``certagent run`` wires together, with no process-global state.
+
+    Built top to bottom, each piece from the ones above it.  The loader's two
+    hooks (a reload it asked for, a new HAProxy session) reach pieces built
+    after it, the re-warmer and the ticket keeper, through :meth:`_reloaded`
+    and :meth:`_new_session`.
+    """
 
     def __init__(self, settings: Settings, store: Store) -> None:
         self.settings = settings
         self.store = store
+        # HAProxy: its runtime socket, the slots, and their one writer
         self.client = RuntimeClient(
             settings.haproxy_socket,
             timeout=settings.haproxy_timeout,
@@ -68,16 +74,25 @@ class Agent:
                 usage_table=settings.usage_table,
                 usage_expire_ms=settings.usage_expire_ms,
             ),
+            master_socket=settings.haproxy_master_socket,
+            on_reload=self._reloaded,
+            on_session=self._new_session,
             max_waiting=settings.max_waiting_loads,
             batch=settings.load_batch,
             chooser=VictimChooser(samples=settings.victim_samples),
         )
-        negative = NegativeCache(settings.negative_ttl, settings.negative_cache_size)
+        # OCSP responses for what is loaded, told about each load
+        self.ocsp = OcspFetcher(store, self.pool) if settings.ocsp_fetch else None
+        on_loaded = self.ocsp.loaded if self.ocsp is not None else None
+        # what gets loaded: re-warming after a reload, and the ensure path
         self.rewarmer = Rewarmer(
-            store, self.loader, limit=settings.rewarm_max, dual_certs=settings.dual_certs
+            store,
+            self.loader,
+            limit=settings.rewarm_max,
+            dual_certs=settings.dual_certs,
+            on_loaded=on_loaded,
         )
-        self.loader.on_reload = self.rewarmer.start
-        self.loader.master_socket = settings.haproxy_master_socket
+        negative = NegativeCache(settings.negative_ttl, settings.negative_cache_size)
         self.names = NameFilter()
         self.ensurer = Ensurer(
             store,
@@ -86,6 +101,7 @@ class Agent:
             hold=settings.hold,
             dual_certs=settings.dual_certs,
             on_reload=self.rewarmer.start,
+            on_loaded=on_loaded,
             names=self.names,
             budget=LookupBudget(settings.lookup_rate, 2 * settings.lookup_rate),
             max_hosts_per_wildcard=settings.wildcard_hosts,
@@ -93,13 +109,9 @@ class Agent:
         self.tickets: TicketKeeper | None = None
         if settings.tls_keys_file:
             keys_path = Path(settings.tls_keys_file)
-            rings: RingStore = (
-                store.tickets
-                if isinstance(store, RedisStore)
-                else LocalRing(keys_path.with_name("ring.json"))
-            )
+            rings: RingStore = store.ticket_ring(keys_path.with_name("ring.json"))
             self.tickets = TicketKeeper(rings, keys_path, settings.ticket_key_rotation, self.loader)
-            self.loader.on_session = self.tickets.sync
+        # the store's changes, applied to what HAProxy holds
         self.live = LiveUpdater(
             store,
             self.loader,
@@ -107,20 +119,26 @@ class Agent:
             dual_certs=settings.dual_certs,
             names=self.names,
             on_tickets=self.tickets.refresh_quietly if self.tickets else None,
+            on_loaded=on_loaded,
         )
         self.expiry = ExpiryWatch(store, settings.expiry_warning_days)
-        self.ocsp: OcspFetcher | None = None
-        if settings.ocsp_fetch:
-            self.ocsp = OcspFetcher(store, self.pool)
-            self.ensurer.on_loaded = self.rewarmer.on_loaded = self.ocsp.loaded
-            self.live.on_loaded = self.ocsp.loaded
         self._build: tuple[Identity, HAProxyBuild] | None = None  # per worker, see status
+        # the Lua action's and the CLI's socket
         self.control = ControlServer(
             settings.agent_socket,
             self.ensurer,
             self.status,
             {b"tls-keys-rotate": self.rotate_ticket_keys},
         )
+
+    def _reloaded(self, hosts: list[str]) -> None:
+        """The loader reloaded HAProxy (a stray transaction): re-warm the new worker."""
+        self.rewarmer.start(hosts)
+
+    async def _new_session(self, client: RuntimeClient) -> None:
+        """Every new HAProxy session, after adoption: push the fleet's ticket keys."""
+        if self.tickets is not None:
+            await self.tickets.sync(client)
 
     async def rotate_ticket_keys(self) -> dict[str, Any]:
         """``certagent tls-keys rotate``: a new ring for the fleet now."""
@@ -144,6 +162,12 @@ class Agent:
         """Counters and health; with ``slots``, every slot too (O(K): a usage-table dump)."""
         identity = self.loader.identity
         haproxy_up, store_up = await asyncio.gather(self._haproxy_up(), self._store_up())
+        marked = sum(len(s.hosts) for s in self.pool.slots)
+        loader = dataclasses.asdict(self.loader.counters)
+        live = dataclasses.asdict(self.live.counters)
+        # Keys renamed from "map" to "mark" (one word for it): the old ones, for one release.
+        loader["map_only"] = loader["mark_only"]
+        live["unmapped"] = live["unmarked"]
         out: dict[str, Any] = {
             "agent_pid": os.getpid(),
             "haproxy_pid": identity.pid if identity else None,
@@ -153,12 +177,13 @@ class Agent:
             "store_up": store_up,
             "capacity": self.pool.capacity,
             "slots_used": len(self.pool),
-            "hosts_mapped": sum(len(s.hosts) for s in self.pool.slots),
+            "hosts_marked": marked,
+            "hosts_mapped": marked,
             "negative_cache": len(self.ensurer.negative),
             "store": self.store.describe(),
             "ensure": dataclasses.asdict(self.ensurer.counters),
-            "loader": dataclasses.asdict(self.loader.counters),
-            "live": dataclasses.asdict(self.live.counters),
+            "loader": loader,
+            "live": live,
             "rewarm": dataclasses.asdict(self.rewarmer.counters),
             "waiting_loads": self.loader.waiting(),
             "name_filter": {"ready": self.names.ready, "rebuilds": self.names.rebuilds},
@@ -272,8 +297,7 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         await store.ping()
     except AgentError as exc:
         log.warning("store %s not reachable yet: %s", store.describe(), exc)
-    if isinstance(store, RedisStore):
-        await check_data_key(store, settings, store.keyring)  # ConfigError: refuse to start
+    await check_data_key(store, settings)  # ConfigError: refuse to start
     if agent.tickets is not None:
         await agent.tickets.start_quietly()
     api = await start_api(

@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import logging
 
-from certagent.certs.keycrypt import KeyRing
 from certagent.config import Settings
 from certagent.errors import ConfigError, StoreError
-from certagent.store.redis import RedisStore
+from certagent.store.base import Store
 
 __all__ = ["check_data_key"]
 
 log = logging.getLogger(__name__)
 
 
-async def check_data_key(store: RedisStore, settings: Settings, ring: KeyRing | None) -> None:
-    """ConfigError naming the missing data key if the store uses one ``ring`` lacks.
+async def check_data_key(store: Store, settings: Settings) -> None:
+    """ConfigError naming the missing data key if the store uses one its key ring lacks.
 
     Samples 32 random records and the ticket-key ring (O(1) whatever the
     store's size).  A store that cannot be reached now is only logged: the
     check needs an answer, and the agent must still start to serve what HAProxy
-    holds.
+    holds.  Nothing to check for a store that keeps no encrypted keys (a
+    directory: :meth:`~certagent.store.base.Store.data_keys` is None).
     """
+    keys = store.data_keys()
+    if keys is None:
+        return
+    ring = keys.keyring
     try:
-        used = await store.key_ids_in_use()
+        used = await keys.key_ids_in_use()
     except StoreError as exc:
         log.warning("cannot check the data key against %s yet: %s", store.describe(), exc)
         return

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from certagent.certs import hostname
+from certagent.config import DualCerts
 from certagent.errors import AgentError, Busy, InvalidHostname
 from certagent.runtime.loader import Loader
 from certagent.service.flood import LookupBudget, UnknownNames
@@ -97,7 +98,7 @@ class NegativeCache:
 
 
 def choose_kinds(
-    found: tuple[StoredCertificate, ...], dual_certs: str
+    found: tuple[StoredCertificate, ...], dual_certs: DualCerts
 ) -> tuple[StoredCertificate, ...]:
     """The certificates to load for a name, after the ``dual_certs`` policy.
 
@@ -106,9 +107,9 @@ def choose_kinds(
     the other kind still gets it).  HAProxy 2.6.12's choice is documented in
     docs/haproxy.md (dual certificates).
     """
-    if dual_certs == "both" or len(found) < 2:
+    if dual_certs is DualCerts.BOTH or len(found) < 2:
         return found
-    prefix = "ECDSA" if dual_certs == "ecdsa" else "RSA"
+    prefix = "ECDSA" if dual_certs is DualCerts.ECDSA else "RSA"
     kept = tuple(c for c in found if c.bundle.key_type.startswith(prefix))
     return kept or found
 
@@ -141,8 +142,9 @@ class Ensurer:
         negative: NegativeCache,
         *,
         hold: float,
-        dual_certs: str = "both",
+        dual_certs: DualCerts = DualCerts.BOTH,
         on_reload: Callable[[list[str]], None] | None = None,
+        on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None,
         names: NameFilter | None = None,
         budget: LookupBudget | None = None,
         max_hosts_per_wildcard: int = 10_000,
@@ -154,6 +156,8 @@ class Ensurer:
         self.hold = hold
         self.dual_certs = dual_certs
         self.on_reload = on_reload
+        #: told about every host loaded (OCSP fetching): host, its certificates
+        self.on_loaded = on_loaded
         self.names = names
         self.budget = budget
         self.max_hosts_per_wildcard = max_hosts_per_wildcard
@@ -161,8 +165,6 @@ class Ensurer:
         self._recheck = LookupBudget(RECHECKS, RECHECKS, clock=clock)
         self.counters = EnsureCounters()
         self.load_seconds = LatencyHistogram()
-        #: told about every host loaded (OCSP fetching): host, its certificates
-        self.on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._switching: asyncio.Task[bool] | None = None
@@ -185,7 +187,7 @@ class Ensurer:
         # the mark expired or was purged (the certificate is still there), or HAProxy
         # was reloaded and the request comes from a worker that is stopping: ask.
         if (
-            self.loader.pool.is_mapped(name)
+            self.loader.pool.is_marked(name)
             and not await self._follow_newest_worker()
             and await self._remark(name)
         ):

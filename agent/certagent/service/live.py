@@ -7,10 +7,10 @@ those names touch, the agent asks the store again and then, per slot:
 * the slot's certificate is still the one for its hosts: nothing;
 * a newer certificate for the same hosts (a rotation): ``set`` + ``commit`` it
   into the same slot, so no connection ever sees a gap;
-* the record was deleted (a ``delete`` event): hosts leave the map, the slot
+* the record was deleted (a ``delete`` event): hosts are unmarked, the slot
   gets the placeholder and becomes free;
 * hosts whose set of certificates changed in another way (an RSA certificate
-  added next to an ECDSA one, names moved between records) leave the map, and
+  added next to an ECDSA one, names moved between records) are unmarked, and
   their next connection loads what the store now says.
 
 **The store cannot cause an outage.**  A certificate is unloaded only on an
@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from certagent.certs.hostname import covers
+from certagent.config import DualCerts
 from certagent.errors import AgentError, ChangesLost, StoreError
 from certagent.runtime.loader import Loader
 from certagent.runtime.pool import Slot, SlotPool
@@ -67,7 +68,7 @@ class LiveCounters:
     changes: int = 0
     rotated: int = 0
     unloaded: int = 0
-    unmapped: int = 0
+    unmarked: int = 0
     reconciles: int = 0
     feed_errors: int = 0
     orphans: int = 0  # loaded slots kept although the store no longer has their certificate
@@ -101,9 +102,10 @@ class LiveUpdater:
         negative: NegativeCache,
         *,
         deadline: float = 5.0,
-        dual_certs: str = "both",
+        dual_certs: DualCerts = DualCerts.BOTH,
         names: NameFilter | None = None,
         on_tickets: Callable[[], Awaitable[None]] | None = None,
+        on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None,
         unload_hold: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -115,7 +117,7 @@ class LiveUpdater:
         self.deadline = deadline
         self.on_tickets = on_tickets
         #: told about every certificate swapped in (OCSP fetching): a host, the certificate
-        self.on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None
+        self.on_loaded = on_loaded
         self.unload_hold = unload_hold
         self.counters = LiveCounters()
         self.position: str | None = None
@@ -244,7 +246,7 @@ class LiveUpdater:
         if all(any(c.bundle.fingerprint_sha1 == slot.fingerprint for c in now[h]) for h in hosts):
             self._orphans.discard(slot.name)
             await self._restaple(slot, now[hosts[0]])
-            await self._unmap_changed(slot, now, deleted)
+            await self._unmark_changed(slot, now, deleted)
             return
         successor = _successor(slot, now, self.loader.pool)
         if successor is None:
@@ -258,7 +260,7 @@ class LiveUpdater:
             log.info(
                 "rotated %s in %s for %s", successor.id, slot.name, " ".join(sorted(slot.hosts))
             )
-        await self._unmap_changed(slot, now, deleted)
+        await self._unmark_changed(slot, now, deleted)
 
     async def _restaple(self, slot: Slot, certs: tuple[StoredCertificate, ...]) -> None:
         """A new OCSP response stored for the slot's certificate: staple it, no reload."""
@@ -295,20 +297,20 @@ class LiveUpdater:
                 self.store.describe(),
             )
 
-    async def _unmap_changed(
+    async def _unmark_changed(
         self, slot: Slot, now: dict[str, tuple[StoredCertificate, ...]], deleted: Deleted
     ) -> None:
-        """Unmap hosts whose certificates differ from the slots serving them.
+        """Unmark hosts whose certificates differ from the slots serving them.
 
-        A host the store has nothing for stays mapped unless its slot was deleted.
+        A host the store has nothing for stays marked unless its slot was deleted.
         """
         for host, certs in now.items():
             if not certs and not deleted.covers(slot):
                 continue
             served = {s.fingerprint for s in self.loader.pool.for_host(host)}
             if served and served != {c.bundle.fingerprint_sha1 for c in certs}:
-                await self.loader.unmap(host, self.deadline)
-                self.counters.unmapped += 1
+                await self.loader.unmark(host, self.deadline)
+                self.counters.unmarked += 1
 
 
 def _successor(

@@ -129,7 +129,12 @@ class _Snapshot(Collector):
             "certagent_slots_used", "Certificate slots in use in HAProxy", st["slots_used"]
         )
         yield _gauge("certagent_slots_capacity", "Certificate slots at most", st["capacity"])
-        yield _gauge("certagent_hosts_mapped", "Hosts marked loaded", st["hosts_mapped"])
+        yield _gauge("certagent_hosts_marked", "Hosts marked loaded", st["hosts_marked"])
+        yield _gauge(  # the old name, for one release
+            "certagent_hosts_mapped",
+            "Hosts marked loaded (deprecated: certagent_hosts_marked)",
+            st["hosts_marked"],
+        )
         yield _gauge("certagent_loads_waiting", "Loads queued for HAProxy", st["waiting_loads"])
         yield _gauge("certagent_store_up", "1 if the store answered a ping", int(st["store_up"]))
         yield _gauge(

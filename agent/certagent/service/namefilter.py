@@ -22,13 +22,12 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
 
 from certagent.certs import hostname
-from certagent.certs.ocsp import OcspFacts
 from certagent.certs.pem import CertBundle
 from certagent.errors import AgentError
-from certagent.store.base import CertRecord, Change, Page, Store, StoredCertificate
+from certagent.store.base import CertRecord, Reader, Store, Writer
+from certagent.store.view import StoreView
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ class NameFilter:
         )
 
 
-async def keep_built(names_filter: NameFilter, store: Store, stop: asyncio.Event) -> None:
+async def keep_built(names_filter: NameFilter, store: Reader, stop: asyncio.Event) -> None:
     """Build the filter at start and whenever it goes stale; nothing runs in between.
 
     A store that is down is retried with a growing delay (at most a minute)
@@ -177,68 +176,39 @@ async def keep_built(names_filter: NameFilter, store: Store, stop: asyncio.Event
             delay = min(delay * 2, 60.0)
 
 
-class NotingStore:
-    """A :class:`Store` that adds the names of its own writes to a name filter at once.
+class NotingWriter:
+    """A :class:`~certagent.store.base.Writer` adding the names of its writes to a name filter.
 
-    The REST API writes through it: a host uploaded on this node passes the filter
-    on its very first connection, without waiting for the change feed to come
-    back.  Everything else is the wrapped store's.
+    The names go in before the write: a host uploaded on this node passes the
+    filter on its very first connection, without waiting for the change feed
+    to come back (a write that then fails leaves a harmless "maybe").
     """
 
-    def __init__(self, store: Store, names: NameFilter) -> None:
-        self._store = store
+    def __init__(self, writer: Writer, names: NameFilter) -> None:
+        self._writer = writer
         self._names = names
-
-    async def lookup(self, hostname: str) -> StoredCertificate | None:
-        return await self._store.lookup(hostname)
-
-    async def lookup_all(self, hostname: str) -> tuple[StoredCertificate, ...]:
-        return await self._store.lookup_all(hostname)
 
     async def put(self, bundle: CertBundle) -> str:
         self._names.add(bundle.names)
-        return await self._store.put(bundle)
+        return await self._writer.put(bundle)
 
     async def add(self, bundle: CertBundle) -> CertRecord:
         self._names.add(bundle.names)
-        return await self._store.add(bundle)
+        return await self._writer.add(bundle)
 
     async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
         self._names.add(bundle.names)
-        return await self._store.replace(cert_id, bundle)
+        return await self._writer.replace(cert_id, bundle)
 
     async def delete(self, cert_id: str) -> CertRecord:
-        return await self._store.delete(cert_id)
+        return await self._writer.delete(cert_id)
 
-    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
-        return await self._store.put_ocsp(cert_id, der, now)
 
-    async def get(self, cert_id: str) -> CertRecord | None:
-        return await self._store.get(cert_id)
+class NotingStore(StoreView):
+    """``store`` whose writes go through a :class:`NotingWriter`; every other role its own.
 
-    async def list(
-        self,
-        *,
-        name: str | None = None,
-        expiring_before: datetime | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
-        return await self._store.list(
-            name=name, expiring_before=expiring_before, cursor=cursor, limit=limit
-        )
+    The REST API writes through it.
+    """
 
-    async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
-        return await self._store.changes(after, timeout)
-
-    def names(self) -> AsyncIterator[str]:
-        return self._store.names()
-
-    async def ping(self) -> None:
-        await self._store.ping()
-
-    async def close(self) -> None:
-        await self._store.close()
-
-    def describe(self) -> str:
-        return self._store.describe()
+    def __init__(self, store: Store, names: NameFilter) -> None:
+        super().__init__(store, writer=NotingWriter(store, names))

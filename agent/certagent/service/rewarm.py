@@ -19,9 +19,10 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from certagent.config import DualCerts
 from certagent.errors import AgentError
 from certagent.runtime.loader import Loader
-from certagent.runtime.requests import Priority
+from certagent.runtime.loadqueue import Priority
 from certagent.service.ensure import choose_kinds
 from certagent.store.base import Store, StoredCertificate
 
@@ -44,16 +45,22 @@ class RewarmCounters:
 
 class Rewarmer:
     def __init__(
-        self, store: Store, loader: Loader, *, limit: int, dual_certs: str = "both"
+        self,
+        store: Store,
+        loader: Loader,
+        *,
+        limit: int,
+        dual_certs: DualCerts = DualCerts.BOTH,
+        on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None,
     ) -> None:
         self.store = store
         self.dual_certs = dual_certs
         self.loader = loader
         self.limit = limit
+        #: told about every host loaded (OCSP fetching): host, its certificates
+        self.on_loaded = on_loaded
         self.counters = RewarmCounters()
         self._task: asyncio.Task[None] | None = None
-        #: told about every host loaded (OCSP fetching): host, its certificates
-        self.on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None
 
     @property
     def running(self) -> bool:
@@ -89,7 +96,7 @@ class Rewarmer:
 
     async def _worker(self, todo: Iterator[str]) -> None:
         for host in todo:
-            if self.loader.pool.is_mapped(host):
+            if self.loader.pool.is_marked(host):
                 self.counters.skipped += 1
                 continue
             try:

@@ -1,8 +1,9 @@
 """TLS session-ticket keys: one ring for the fleet, rotated on schedule, pushed into HAProxy.
 
-The ring of record lives in the store (Redis: :mod:`certagent.store._redis_tickets`,
-shared by every agent on it) or, for a store that cannot hold it (a directory of
-PEM files), in a local file beside HAProxy's (:class:`LocalRing`).  The keeper:
+The ring of record lives in the store (:meth:`Store.ticket_ring
+<certagent.store.base.Store.ticket_ring>`: Redis keeps one shared by every agent
+on it; a directory of PEM files cannot, so it lives in a local file beside
+HAProxy's, :class:`~certagent.store.directory.LocalRing`).  The keeper:
 
 * at start, loads the ring (creating it, or rotating it if due) and writes
   HAProxy's ``tls-ticket-keys`` file, so a reload or restart of HAProxy starts
@@ -22,23 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from certagent.certs.ticketkeys import TicketRing, fresh_key, keys_file, new_ring, parse_key, pushes
-from certagent.errors import AgentError, RotationInProgress, StoreCorrupt, StoreError
+from certagent.certs.ticketkeys import TicketRing, fresh_key, keys_file, new_ring, pushes
+from certagent.errors import AgentError, RotationInProgress, StoreError
 from certagent.runtime import protocol
-from certagent.runtime.client import Command, RuntimeClient
+from certagent.runtime.client import RuntimeClient
 from certagent.runtime.loader import Loader
-from certagent.store._files import atomic_write
+from certagent.store.base import RingStore
+from certagent.store.directory import atomic_write
 
-__all__ = ["LocalRing", "RingStore", "TicketCounters", "TicketKeeper"]
+__all__ = ["RingStore", "TicketCounters", "TicketKeeper"]
 
 log = logging.getLogger(__name__)
 
@@ -47,64 +47,6 @@ log = logging.getLogger(__name__)
 JITTER = 5.0
 #: After a failed rotation or store read, try again this much later.
 RETRY = 30.0
-
-
-class RingStore(Protocol):
-    """Where the ring of record lives."""
-
-    def describe(self) -> str: ...
-
-    async def load(self) -> TicketRing | None: ...
-
-    async def rotate(
-        self, expected: int | None, make: Callable[[TicketRing | None], TicketRing]
-    ) -> TicketRing: ...
-
-
-class LocalRing:
-    """The ring in a local JSON file (mode 0600), for a store that cannot hold it.
-
-    One agent per HAProxy owns it, so no lock: sessions resume across reloads of
-    this node, not across nodes (a fleet needs a shared store: Redis).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def describe(self) -> str:
-        return str(self.path)
-
-    async def load(self) -> TicketRing | None:
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StoreError(f"cannot read the ticket-key ring {self.path}: {exc}") from exc
-        try:
-            data = json.loads(raw)
-            keys = tuple(parse_key(str(k)) for k in data["keys"])
-            return TicketRing(int(data["generation"]), keys, float(data["rotated_at"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreCorrupt(
-                f"the ticket-key ring {self.path} is malformed ({exc});"
-                " delete it to start a new one"
-            ) from exc
-
-    async def rotate(
-        self, expected: int | None, make: Callable[[TicketRing | None], TicketRing]
-    ) -> TicketRing:
-        current = await self.load()
-        if current is not None and current.generation != expected:
-            return current
-        ring = make(current)
-        data = {"generation": ring.generation, "rotated_at": ring.rotated_at, "keys": ring.keys}
-        try:
-            atomic_write(self.path.parent, self.path.name, json.dumps(data).encode() + b"\n")
-        except OSError as exc:
-            raise StoreError(f"cannot write the ticket-key ring {self.path}: {exc}") from exc
-        log.info("ticket keys rotated to generation %d", ring.generation)
-        return ring
 
 
 @dataclass
@@ -228,7 +170,7 @@ class TicketKeeper:
         if ring is None:
             return
         path = str(self.keys_path)
-        held = protocol.parse_show_tls_keys(await client.execute("show", "tls-keys", path))
+        held = protocol.parse_show_tls_keys(await client.execute(protocol.show_tls_keys(path)))
         if held is None:
             self.in_haproxy = False
             if not self._warned:
@@ -243,7 +185,7 @@ class TicketKeeper:
             return
         keys = pushes(held, ring)
         if keys:
-            commands = [Command(("set", "ssl", "tls-key", path, key)) for key in keys]
+            commands = [protocol.set_tls_key(path, key) for key in keys]
             for reply in await client.pipeline(commands):
                 protocol.check_set_tls_key(path, reply)
             self.counters.pushed += len(keys)

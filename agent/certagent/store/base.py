@@ -1,41 +1,59 @@
-"""The one interface to certificate storage, and helpers shared by its implementations."""
+"""The store's interface: the values it deals in, and its roles, one Protocol each.
+
+A caller asks for the role it uses, not for a kind of store:
+
+* every store has the method roles :class:`Reader`, :class:`Writer`,
+  :class:`ChangeFeed`, :class:`OcspWriter` and :class:`Lifecycle`; the
+  composite :class:`Store` is all of them;
+* a role that stores provide differently, or not at all, is an accessor on
+  :class:`Store` returning the role's object, or None where the store has
+  none: :meth:`Store.ticket_ring` (:class:`RingStore`), :meth:`Store.data_keys`
+  (:class:`DataKeys`), :meth:`Store.bulk` (:class:`BulkWriter`).
+
+Implementations: :class:`~certagent.store.redis.RedisStore` and
+:class:`~certagent.store.directory.DirectoryStore`.  A wrapper that changes one
+role wraps only that one (:class:`~certagent.store.view.StoreView`).
+"""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import logging
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Literal, Protocol
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from cryptography.x509 import ocsp as x509_ocsp
-
-from certagent.certs import hostname
+from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts
-from certagent.certs.pem import CertBundle, LeafInfo, parse_bundle
-from certagent.errors import CertificateError, InvalidCursor, StoreCorrupt
+from certagent.certs.pem import CertBundle
+from certagent.certs.stored import StoredCertificate
+from certagent.certs.ticketkeys import TicketRing
+from certagent.errors import DuplicateCertificate, StoreError
 
 __all__ = [
+    "AddResult",
+    "BulkResult",
+    "BulkWriter",
     "CertRecord",
     "Change",
+    "ChangeFeed",
     "ChangeKind",
+    "DataKeys",
+    "IdTaken",
+    "Lifecycle",
+    "OcspWriter",
     "Page",
+    "PreparedRecord",
+    "Reader",
+    "RecordEncoder",
+    "RingStore",
     "Store",
     "StoredCertificate",
-    "best_first",
-    "candidate_names",
-    "check_record",
-    "decode_cursor",
-    "encode_cursor",
-    "load_record",
-    "make_record",
-    "redact_url",
+    "Writer",
 ]
 
-log = logging.getLogger(__name__)
+
+# --- values --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -77,23 +95,37 @@ class Page:
 
 
 @dataclass(frozen=True)
-class StoredCertificate:
-    """A bundle as found in a store.  ``id`` is store-specific and stable for one record.
+class PreparedRecord:
+    """A new record ready to write (:class:`BulkWriter`): its metadata and its encoding.
 
-    ``ocsp``: the DER OCSP response kept with it, to staple (checked when stored).
+    ``payload`` is the store's own encoding of the record, its key encrypted:
+    safe to pass between processes and to keep in memory, and ``repr()``
+    leaves it out anyway.  ``expiry``: its notAfter in Unix seconds.
     """
 
-    id: str
-    bundle: CertBundle
-    ocsp: bytes | None = None
+    record: CertRecord
+    payload: bytes = field(repr=False)
+    expiry: float
 
 
-class Store(Protocol):
-    """Where certificates live.  Implementations: RedisStore, DirectoryStore.
+@dataclass(frozen=True)
+class IdTaken:
+    """The record's random id was already in use (1 in 2**64 per record): prepare it again."""
 
-    Every method raises :class:`~certagent.errors.StoreUnavailable` when the backend
-    cannot be reached; other library exceptions never escape.
-    """
+    prepared: PreparedRecord
+
+
+#: One result per record of :meth:`BulkWriter.add_prepared`, in order.
+BulkResult = CertRecord | DuplicateCertificate | IdTaken | StoreError
+#: One result per bundle of :meth:`BulkWriter.add_many`, in order.
+AddResult = CertRecord | DuplicateCertificate | StoreError
+
+
+# --- the roles every store has ---------------------------------------------------------------
+
+
+class Reader(Protocol):
+    """Finding certificates: by hostname (the lazy path), by id, by page, every name."""
 
     async def lookup(self, hostname: str) -> StoredCertificate | None:
         """The best certificate for a validated, lowercase ``hostname``, or None.
@@ -109,36 +141,7 @@ class Store(Protocol):
         the exact name's records if it has any, otherwise the wildcard's.  A
         record that does not parse, cannot be decrypted, or whose certificate
         does not cover ``hostname`` is logged (never key material) and left
-        out.  Order: see :func:`best_first`.
-        """
-        ...
-
-    async def put(self, bundle: CertBundle) -> str:
-        """Store ``bundle`` unless already stored; return its id (for demos and tests)."""
-        ...
-
-    async def add(self, bundle: CertBundle) -> CertRecord:
-        """Store a new record (validated by the caller).
-
-        Raises DuplicateCertificate if the store already holds it (the Redis
-        store: the same leaf; the directory store: a file for its first name).
-        """
-        ...
-
-    async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
-        """Rotate: same id, new certificate and key, version + 1; NotFound if no such id."""
-        ...
-
-    async def delete(self, cert_id: str) -> CertRecord:
-        """Remove a record and its names; return what it was.  NotFound if no such id."""
-        ...
-
-    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
-        """Keep an OCSP response with a record, to staple (a ``put`` change).
-
-        Checked first against the record's leaf at ``now``
-        (:func:`~certagent.certs.ocsp.check_for_chain`): OcspError if it is not
-        a current, signed response about it; NotFound if no such id.
+        out.  Order: see :func:`~certagent.store.records.best_first`.
         """
         ...
 
@@ -163,6 +166,42 @@ class Store(Protocol):
         """
         ...
 
+    def names(self) -> AsyncIterator[str]:
+        """Every name (or ``*.`` pattern) some record has, each at least once, any order.
+
+        O(N): the agent reads it once at start to build its name filter
+        (:mod:`certagent.service.namefilter`) and again only if that goes stale.
+        """
+        ...
+
+
+class Writer(Protocol):
+    """Adding, rotating and removing records (bundles validated by the caller)."""
+
+    async def put(self, bundle: CertBundle) -> str:
+        """Store ``bundle`` unless already stored; return its id (for demos and tests)."""
+        ...
+
+    async def add(self, bundle: CertBundle) -> CertRecord:
+        """Store a new record.
+
+        Raises DuplicateCertificate if the store already holds it (the Redis
+        store: the same leaf; the directory store: a file for its first name).
+        """
+        ...
+
+    async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
+        """Rotate: same id, new certificate and key, version + 1; NotFound if no such id."""
+        ...
+
+    async def delete(self, cert_id: str) -> CertRecord:
+        """Remove a record and its names; return what it was.  NotFound if no such id."""
+        ...
+
+
+class ChangeFeed(Protocol):
+    """Following every write, this agent's and the others'."""
+
     async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
         """Writes after position ``after``, waiting up to ``timeout`` s; and the new position.
 
@@ -172,13 +211,22 @@ class Store(Protocol):
         """
         ...
 
-    def names(self) -> AsyncIterator[str]:
-        """Every name (or ``*.`` pattern) some record has, each at least once, any order.
 
-        O(N): the agent reads it once at start to build its name filter
-        (:mod:`certagent.service.namefilter`) and again only if that goes stale.
+class OcspWriter(Protocol):
+    """Keeping an OCSP response with its record, to staple."""
+
+    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
+        """Keep an OCSP response with a record (a ``put`` change).
+
+        Checked first against the record's leaf at ``now``
+        (:func:`~certagent.certs.ocsp.check_for_chain`): OcspError if it is not
+        a current, signed response about it; NotFound if no such id.
         """
         ...
+
+
+class Lifecycle(Protocol):
+    """Checking, naming and closing the store."""
 
     async def ping(self) -> None:
         """Return if the store is usable, else raise StoreUnavailable."""
@@ -191,163 +239,94 @@ class Store(Protocol):
         ...
 
 
-def make_record(
-    cert_id: str, facts: CertBundle | LeafInfo, *, version: int, updated_at: datetime
-) -> CertRecord:
-    """The metadata of a record holding the certificate described by ``facts``."""
-    return CertRecord(
-        id=cert_id,
-        names=facts.names,
-        not_before=facts.not_before,
-        not_after=facts.not_after,
-        fingerprint_sha256=facts.fingerprint_sha256,
-        serial=format(facts.serial, "X"),
-        key_type=facts.key_type,
-        version=version,
-        updated_at=updated_at,
-    )
+# --- the roles a store provides its own way, or not at all -----------------------------------
 
 
-def best_first(found: Iterable[StoredCertificate]) -> tuple[StoredCertificate, ...]:
-    """``found`` ordered best first: ECDSA before other keys, then later notAfter, then id."""
-    return tuple(
-        sorted(
-            found,
-            key=lambda s: (
-                not s.bundle.key_type.startswith("ECDSA"),
-                -s.bundle.not_after.timestamp(),
-                s.id,
-            ),
-        )
-    )
+class RingStore(Protocol):
+    """Where the fleet's session-ticket key ring of record lives (:meth:`Store.ticket_ring`)."""
+
+    def describe(self) -> str: ...
+
+    async def load(self) -> TicketRing | None:
+        """The ring as stored; None if there is none yet."""
+        ...
+
+    async def rotate(
+        self, expected: int | None, make: Callable[[TicketRing | None], TicketRing]
+    ) -> TicketRing:
+        """Store ``make(ring)`` if the ring's generation is still ``expected``.
+
+        ``expected`` None means "there is no ring yet"; ``make`` gets None when
+        there is none.  Returns the ring stored afterwards: the new one, or the
+        one another agent wrote meanwhile.  May raise RotationInProgress.
+        """
+        ...
 
 
-_CURSOR_PREFIX = "c1."
+class DataKeys(Protocol):
+    """Private keys encrypted at rest with the data keys of a key file (``key_file``)."""
+
+    @property
+    def keyring(self) -> KeyRing | None:
+        """The key file's data keys this store was opened with."""
+        ...
+
+    async def key_ids_in_use(self, sample: int = 32) -> set[str]:
+        """Data-key ids of ``sample`` random records and of the ticket ring: O(sample)."""
+        ...
+
+    async def rotate_keys(self) -> int:
+        """Re-encrypt every key not made with the current data key; return how many."""
+        ...
 
 
-def encode_cursor(last_id: str) -> str:
-    """An opaque cursor meaning "the records after ``last_id``"."""
-    encoded = base64.urlsafe_b64encode(last_id.encode("utf-8")).rstrip(b"=").decode("ascii")
-    return _CURSOR_PREFIX + encoded
+class RecordEncoder(Protocol):
+    """Encodes new records for :meth:`BulkWriter.add_prepared`: pure, no I/O, picklable."""
+
+    def prepare(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord:
+        """``bundle`` under a new random id, version 1, its key encrypted for that id."""
+        ...
 
 
-def decode_cursor(cursor: str) -> str:
-    """The id :func:`encode_cursor` encoded; InvalidCursor for anything else."""
-    if not cursor.startswith(_CURSOR_PREFIX) or len(cursor) > 400:
-        raise InvalidCursor("the cursor is not one this store handed out; list from the start")
-    encoded = cursor[len(_CURSOR_PREFIX) :]
-    try:
-        raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True)
-        last_id = raw.decode("utf-8")
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidCursor(
-            "the cursor is not one this store handed out; list from the start"
-        ) from exc
-    if not last_id:
-        raise InvalidCursor("the cursor is empty; list from the start")
-    return last_id
+class BulkWriter(Protocol):
+    """Many adds per round trip, records encoded ahead (``certagent cert import``)."""
+
+    def encoder(self) -> RecordEncoder:
+        """Encodes new records (in worker processes too); ConfigError without a key file."""
+        ...
+
+    async def add_many(self, bundles: Sequence[CertBundle]) -> list[AddResult]:
+        """Add new records, one result per bundle, in order; StoreUnavailable if unreachable."""
+        ...
+
+    async def add_prepared(self, records: Sequence[PreparedRecord]) -> list[BulkResult]:
+        """:meth:`add_many` for records from :meth:`encoder`; IdTaken: prepare that one again."""
+        ...
 
 
-def candidate_names(name: str) -> tuple[str, ...]:
-    """The names to look up for ``name``, in order: itself, then its one-label wildcard.
+# --- everything ------------------------------------------------------------------------------
 
-    Re-validates ``name`` (raises InvalidHostname), so nothing unvalidated ever
-    becomes a key or a path.
+
+class Store(Reader, Writer, ChangeFeed, OcspWriter, Lifecycle, Protocol):
+    """Where certificates live: every role.  Implementations: RedisStore, DirectoryStore.
+
+    Every method raises :class:`~certagent.errors.StoreUnavailable` when the backend
+    cannot be reached; other library exceptions never escape.
     """
-    name = hostname.normalise(name)
-    wildcard = hostname.wildcard_for(name)
-    return (name,) if wildcard is None else (name, wildcard)
 
+    def ticket_ring(self, local_file: Path) -> RingStore:
+        """The fleet's session-ticket key ring.
 
-def load_record(
-    store: str, record_id: str, chain_pem: bytes, key_pem: bytes | None = None
-) -> StoredCertificate:
-    """Parse a stored record; raise StoreCorrupt (naming the record, no key material)."""
-    try:
-        # Checked in full on upload; the key still has to match the leaf (parse_bundle).
-        bundle = parse_bundle(chain_pem, key_pem, rsa_key_check="match")
-    except CertificateError as exc:
-        raise StoreCorrupt(f"{store}: record {record_id!r} is not a valid bundle: {exc}") from exc
-    return StoredCertificate(id=record_id, bundle=bundle)
+        A store that agents share (Redis) keeps it and ignores ``local_file``;
+        one that cannot hold it (a directory) keeps it in ``local_file``, for
+        this node only (no lock: one agent per HAProxy owns it).
+        """
+        ...
 
+    def data_keys(self) -> DataKeys | None:
+        """The data keys private keys are encrypted with; None if keys are kept as they are."""
+        ...
 
-def check_record(
-    store: str,
-    record_id: str,
-    name: str,
-    chain_pem: bytes,
-    key_pem: bytes | None = None,
-    ocsp: bytes | None = None,
-) -> StoredCertificate | None:
-    """Parse a record found for ``name``; None (and a warning) if corrupt or not covering it.
-
-    An OCSP response that does not even parse as one for this leaf is dropped
-    with a warning (the certificate is served without stapling): HAProxy would
-    refuse the load.  Its signature and dates were checked when it was stored.
-    """
-    try:
-        stored = load_record(store, record_id, chain_pem, key_pem)
-    except StoreCorrupt as exc:
-        log.warning("ignoring store record for %s: %s", name, exc)
-        return None
-    if not any(hostname.covers(pattern, name) for pattern in stored.bundle.names):
-        log.warning(
-            "ignoring store record for %s: %s: record %r (sha256 %s) covers only %s",
-            name,
-            store,
-            record_id,
-            stored.bundle.fingerprint_sha256,
-            " ".join(stored.bundle.names),
-        )
-        return None
-    if ocsp is not None:
-        reason = ocsp_mismatch(ocsp, stored.bundle)
-        if reason is not None:
-            log.warning(
-                "%s: not stapling the OCSP response of record %r: %s", store, record_id, reason
-            )
-            ocsp = None
-        stored = StoredCertificate(stored.id, stored.bundle, ocsp)
-    return stored
-
-
-def ocsp_mismatch(der: bytes, bundle: CertBundle) -> str | None:
-    """Why ``der`` is not a successful OCSP response about ``bundle``'s leaf; None if it is.
-
-    Structure only (µs): no signature check.
-    """
-    try:
-        response = x509_ocsp.load_der_ocsp_response(der)
-        if response.response_status is not x509_ocsp.OCSPResponseStatus.SUCCESSFUL:
-            return f"status {response.response_status.name}"
-        if response.serial_number != bundle.serial:
-            return "it is about another certificate"
-    except ValueError as exc:
-        return f"not an OCSP response ({exc})"
-    return None
-
-
-_SECRET_PARAMS = ("password", "sentinel_password")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (userinfo, ``?password=``, ``?sentinel_password=``) as ``***``."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        user = parts.username or ""
-        host = netloc.rpartition("@")[2]
-        netloc = f"{user}:***@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*"
-        )
-    # Not urlunsplit: it turns "unix:///path" into "unix:/path".
-    redacted = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc + parts.path
-    if query:
-        redacted += "?" + query
-    if parts.fragment:
-        redacted += "#" + parts.fragment
-    return redacted
+    def bulk(self) -> BulkWriter | None:
+        """Many adds per round trip; None if this store adds records one by one."""
+        ...

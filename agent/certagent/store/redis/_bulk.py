@@ -1,0 +1,108 @@
+"""Bulk adds to the Redis store: many new records per round trip, each one atomic.
+
+A record is encoded apart from the write
+(:class:`~certagent.store.redis._records.RecordEncoder`, pure, picklable: the
+import runs it in worker processes next to validation), then written by the
+store's writer, many at a time:
+
+* one Redis (:class:`~certagent.store.redis._single.SingleNodeWriter`):
+  :data:`~certagent.store.redis._single.ADD_SCRIPT` once per record, ``EVALSHA``
+  pipelined ``len(records)`` at a time, so a batch costs one round trip.  One
+  script run adds one record exactly as :meth:`RedisStore.add
+  <certagent.store.redis.RedisStore.add>` does in its MULTI/EXEC: the hash, the
+  fingerprint index, the name sets, both sorted sets and the ``put`` event, or
+  nothing at all if the leaf is already stored (the ``fp:`` key).  Redis runs a
+  script alone, so no reader sees part of a record, and duplicates inside one
+  batch are found like any others: the scripts run in pipeline order.  A
+  script's writes are not rolled back when one of its commands fails, so the
+  script checks the type of every key it will write before writing any.  A
+  user who may not run scripts (``NOPERM``) gets the same writes as
+  WATCH/MULTI/EXEC transactions, one round trip each (logged once).
+* a Redis Cluster (:class:`~certagent.store.redis._cluster.ClusterWriter`): the
+  ordered steps of an add, each step one cluster pipeline for the whole batch.
+
+Cost: O(records) commands per call, one round trip per call on one Redis (two
+the first time, to load the script), about five on a cluster; each record is
+O(names of its record + log N) in Redis for N stored certificates (sorted-set
+inserts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from certagent.certs.keycrypt import KeyRing
+from certagent.certs.pem import CertBundle
+from certagent.errors import StoreError
+from certagent.store.base import AddResult, BulkResult, IdTaken, PreparedRecord
+from certagent.store.redis._connection import redis_errors
+from certagent.store.redis._records import RecordEncoder
+from certagent.store.redis._writer import ATTEMPTS, RecordWriter, Stored, duplicate
+
+__all__ = ["BulkAdds"]
+
+
+class BulkAdds:
+    """:meth:`RedisStore.bulk <certagent.store.redis.RedisStore.bulk>`: many adds per round trip.
+
+    A :class:`~certagent.store.base.BulkWriter`.  Redis errors become the
+    agent's (StoreUnavailable, StoreError) here, as in the store's other methods.
+    """
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        shown: str,
+        ring_for: Callable[[str], KeyRing],
+        now: Callable[[], datetime],
+    ) -> None:
+        self._writer = writer
+        self.shown = shown
+        self._ring_for = ring_for
+        self._now = now
+
+    def encoder(self) -> RecordEncoder:
+        """Encodes new records for :meth:`add_prepared`; ConfigError without a key file."""
+        return RecordEncoder(self._ring_for("store certificates"))
+
+    async def add_many(self, bundles: Sequence[CertBundle]) -> list[AddResult]:
+        """Add new records (validated by the caller) in one round trip.
+
+        One result per bundle, in order: its record, DuplicateCertificate if the
+        leaf is stored already (or earlier in ``bundles``), or StoreError if it
+        cannot be written.  Each record is written as ``RedisStore.add`` writes
+        one, atomically, its ``put`` event with it.  Raises StoreUnavailable if
+        Redis cannot be reached: records of this call may then be stored or
+        not, each entirely or not at all.  An id found taken is drawn again.
+        """
+        encoder = self.encoder()
+        results: list[BulkResult] = list(
+            await self.add_prepared([encoder.prepare(bundle, self._now()) for bundle in bundles])
+        )
+        for _ in range(ATTEMPTS):
+            again = [i for i, result in enumerate(results) if isinstance(result, IdTaken)]
+            if not again:
+                break
+            redone = await self.add_prepared(
+                [encoder.prepare(bundles[i], self._now()) for i in again]
+            )
+            for i, result in zip(again, redone, strict=True):
+                results[i] = result
+        return [
+            StoreError(f"{self.shown}: add: every id drawn was taken; gave up")
+            if isinstance(result, IdTaken)
+            else result
+            for result in results
+        ]
+
+    async def add_prepared(self, records: Sequence[PreparedRecord]) -> list[BulkResult]:
+        """:meth:`add_many` for records from :meth:`encoder`; IdTaken: prepare that one again."""
+        with redis_errors(self.shown, "add"):
+            outcomes = await self._writer.add_batch(records)
+        return [
+            duplicate(prepared.record.fingerprint_sha256, outcome.owner)
+            if isinstance(outcome, Stored)
+            else outcome
+            for prepared, outcome in zip(records, outcomes, strict=True)
+        ]

@@ -1,0 +1,462 @@
+"""Writes on a Redis Cluster: ordered, idempotent steps instead of one MULTI/EXEC.
+
+On a cluster a record (``cert:{id}``), its name sets (``name:{host}``), its
+fingerprint (``fp:{sha256}``) and the shared keys (``{global}:ids``, ``expiry``,
+``events``) live in different slots, so a write cannot be one transaction.
+Each write is a sequence of steps, each step atomic on one slot (one command,
+a one-key Lua script, or MULTI/EXEC on the ``{global}`` slot), ordered so that
+a reader never finds a name pointing at a missing or half-written record:
+
+* **add**: the record's hash (written whole by one script, only if the id is
+  free) -> claim ``fp:`` (compare-and-set; a loser deletes its hash and reports
+  the duplicate) -> the name sets -> ``ids`` + ``expiry`` + the ``put`` event
+  (one MULTI on ``{global}``: the commit point);
+* **replace**: claim the new ``fp:`` -> the hash replaced whole by one script,
+  only if its ``version`` is still the one read (optimistic locking, as WATCH
+  does on one Redis), which also keeps the names it drops in ``names_dropped``
+  -> add the new names -> remove the dropped ones -> release the old ``fp:``
+  -> ``expiry`` + the ``put`` event -> forget ``names_dropped``;
+* **delete**: release ``fp:`` -> remove the names -> ``ids`` + ``expiry`` + the
+  ``delete`` event -> the hash last.
+
+Replace, delete and the completion of an unfinished add hold the record's
+write lock (``lock:{id}``, SET NX PX 10 s, in the record's slot): the writers of
+one record take turns, as WATCH makes them on one Redis.
+
+Every step is idempotent, so a retry after a crash midway converges: an add
+retried finds its leaf in ``fp:`` with a record that is not in ``ids`` yet
+and completes it (names, commit); a replace or delete retried re-reads the
+record, ``names_dropped`` included, and does every step again.  A crash
+between an add's first two steps leaves a hash nothing points to (invisible:
+no name, not in ``ids``).  Readers may meanwhile see a record whose
+certificate does not cover a name being removed: it is checked, logged and
+not served, as any such record.
+
+Cost: an add is 5 round trips per batch of records (one per step, each a
+cluster pipeline); a replace or delete about 7; O(names) commands each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+from certagent.certs.keycrypt import KeyRing
+from certagent.certs.ocsp import OcspFacts, check_for_chain
+from certagent.certs.pem import CertBundle
+from certagent.errors import NotFound, StoreCorrupt, StoreError
+from certagent.store.base import CertRecord, IdTaken, PreparedRecord
+from certagent.store.records import make_record
+from certagent.store.redis._layout import (
+    F_CHAIN,
+    F_DROPPED,
+    F_KEY,
+    F_NAMES,
+    F_NOT_AFTER,
+    F_SHA256,
+    META_FIELDS,
+    Keys,
+    to_bytes,
+    to_text,
+    valid_id,
+)
+from certagent.store.redis._records import (
+    EventKind,
+    decode_record,
+    decode_record_time,
+    encode_event,
+    encode_record,
+    expiry_score,
+    meta_fields,
+    pack,
+    parse_names,
+)
+from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Stored, duplicate
+
+__all__ = ["CLAIM", "LOCK_SECONDS", "RELEASE", "REPLACE", "SET_IF", "WRITE_NEW", "ClusterWriter"]
+
+log = logging.getLogger(__name__)
+
+#: How long a record's write lock lasts if its holder dies, and how long a writer waits for it.
+LOCK_SECONDS = 10.0
+LOCK_WAIT = 3.0
+
+_SPLIT = """
+local function split(payload)
+  local fields, start = {}, 1
+  while true do
+    local stop = string.find(payload, '\\0', start, true)
+    if not stop then fields[#fields + 1] = string.sub(payload, start) return fields end
+    fields[#fields + 1] = string.sub(payload, start, stop - 1)
+    start = stop + 1
+  end
+end
+"""
+#: KEYS[1] a new record's hash; ARGV[1] its fields (NUL-joined).  1 written, 0 id taken.
+WRITE_NEW = (
+    _SPLIT
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(split(ARGV[1])))
+return 1
+"""
+)
+#: KEYS[1] a ``fp:`` key; ARGV[1] a stale owner that may be replaced ('' none), ARGV[2]
+#: the id claiming it.  1 claimed (free, stale or already ours), else the owner's id.
+CLAIM = """
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[2] then return 1 end
+if not owner or owner == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return owner
+"""
+#: KEYS[1] a key; ARGV[1] a value.  Deletes the key if it holds that value.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+#: KEYS[1] a record; ARGV[1] its version as read, ARGV[2] the names it drops, ARGV[3] the
+#: new fields (NUL-joined).  1 replaced, 0 the version changed, -1 the record is gone.
+REPLACE = (
+    _SPLIT
+    + """
+local version = redis.call('HGET', KEYS[1], 'version')
+if not version then return -1 end
+if version ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(split(ARGV[3])))
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'names_dropped', ARGV[2]) end
+return 1
+"""
+)
+#: KEYS[1] a record; ARGV[1] field, ARGV[2] value expected, ARGV[3] field, ARGV[4] value.
+#: Sets field ARGV[3] (or deletes it when ARGV[4] is '') if ARGV[1] still holds ARGV[2].
+SET_IF = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if ARGV[4] == '' then redis.call('HDEL', KEYS[1], ARGV[3])
+else redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
+return 1
+"""
+
+
+class ClusterWriter:
+    """A :class:`~certagent.store.redis._writer.RecordWriter` for a Redis Cluster.
+
+    redis-py's connection errors escape (the store translates them); a Redis
+    error on one record's step becomes that record's StoreError.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, shown: str, maxlen: int) -> None:
+        self._client = client
+        self._keys = keys
+        self._url = shown
+        self._maxlen = maxlen
+
+    # --- add --------------------------------------------------------------------------
+
+    async def add(self, prepared: PreparedRecord) -> AddOutcome:
+        """One new record: :meth:`add_batch` of one."""
+        (outcome,) = await self.add_batch([prepared])
+        return outcome
+
+    async def add_batch(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
+        """Add new records (fresh ids), in order; a leaf stored already gives Stored."""
+        keys = self._keys
+        out: list[AddOutcome | None] = [None] * len(records)
+        fps = [keys.fingerprint(p.record.fingerprint_sha256) for p in records]
+        owners = [
+            to_text(o) if to_bytes(o) else "" for o in await self._run([("get", k) for k in fps])
+        ]
+        held = [i for i, owner in enumerate(owners) if owner]
+        rows = await self._run(
+            [
+                cmd
+                for i in held
+                for cmd in (
+                    ("hmget", keys.cert(owners[i]), [F_SHA256, F_NAMES, F_NOT_AFTER]),
+                    ("zscore", keys.ids(), owners[i]),
+                )
+            ]
+        )
+        expected = {i: "" for i, owner in enumerate(owners) if not owner}
+        unfinished: set[str] = set()
+        for n, i in enumerate(held):
+            row, score = rows[2 * n], rows[2 * n + 1]
+            fields = [to_bytes(v) for v in row] if isinstance(row, list) else [None] * 3
+            if fields[0] != records[i].record.fingerprint_sha256.encode("ascii"):
+                expected[i] = owners[i]  # a stale claim: take it over
+                continue
+            out[i] = Stored(owners[i])
+            if score is None:  # an add that did not finish (or is still running)
+                unfinished.add(owners[i])
+        todo = sorted(expected)
+        written = await self._run(
+            [("eval", WRITE_NEW, keys.cert(records[i].record.id), records[i].payload) for i in todo]
+        )
+        claim: list[int] = []
+        for i, reply in zip(todo, written, strict=True):
+            if reply == 1:
+                claim.append(i)
+            elif reply == 0:
+                out[i] = IdTaken(records[i])
+            else:
+                out[i] = self._failed(records[i].record, reply)
+        claimed = await self._run(
+            [("eval", CLAIM, fps[i], expected[i], records[i].record.id) for i in claim]
+        )
+        won: list[int] = []
+        lost: list[int] = []
+        for i, reply in zip(claim, claimed, strict=True):
+            if reply == 1:
+                won.append(i)
+            elif isinstance(reply, bytes):
+                out[i] = Stored(to_text(reply))
+                lost.append(i)
+            else:
+                out[i] = self._failed(records[i].record, reply)
+                lost.append(i)
+        named = [(records[i].record.id, records[i].record.names) for i in won]
+        await self._run(
+            [("sadd", keys.name(name), cert_id) for cert_id, ns in named for name in ns]
+            + [("delete", keys.cert(records[i].record.id)) for i in lost]
+        )
+        commits = [(records[i].record.id, records[i].expiry, records[i].record.names) for i in won]
+        if commits:
+            await self._global(
+                [
+                    cmd
+                    for cert_id, score, ns in commits
+                    for cmd in (
+                        ("zadd", keys.ids(), {cert_id: 0}),
+                        ("zadd", keys.expiry(), {cert_id: score}),
+                        self._event("put", cert_id, ns),
+                    )
+                ]
+            )
+        for owner in sorted(unfinished):
+            await self._finish_add(owner)
+        for i in won:
+            out[i] = records[i].record
+        return [o if o is not None else StoreError(f"{self._url}: add: no result") for o in out]
+
+    async def _finish_add(self, cert_id: str) -> None:
+        """Complete an add that stopped after claiming its leaf: names, then the commit."""
+        keys = self._keys
+        async with self._locked(cert_id):
+            row, score = await self._run(
+                [
+                    ("hmget", keys.cert(cert_id), [F_NAMES, F_NOT_AFTER]),
+                    ("zscore", keys.ids(), cert_id),
+                ]
+            )
+            names, not_after = (to_bytes(v) for v in row) if isinstance(row, list) else (None,) * 2
+            if score is not None or not_after is None:
+                return  # finished meanwhile, or deleted
+            found = parse_names(names)
+            await self._run([("sadd", keys.name(name), cert_id) for name in found])
+            await self._global(
+                [
+                    ("zadd", keys.ids(), {cert_id: 0}),
+                    ("zadd", keys.expiry(), {cert_id: decode_record_time(not_after)}),
+                    self._event("put", cert_id, found),
+                ]
+            )
+        log.warning("completed the unfinished add of record %s in %s", cert_id, self._url)
+
+    @asynccontextmanager
+    async def _locked(self, cert_id: str) -> AsyncIterator[None]:
+        """Hold the record's write lock (``lock:{id}``, SET NX PX): one writer per record.
+
+        Waits up to :data:`LOCK_WAIT` seconds for another agent's write; a lock
+        left by a writer that died expires after :data:`LOCK_SECONDS`.
+        """
+        key, token = self._keys.record_lock(cert_id), secrets.token_hex(8)
+        deadline = time.monotonic() + LOCK_WAIT
+        while not await self._client.set(key, token, nx=True, px=int(LOCK_SECONDS * 1000)):
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"{self._url}: record {cert_id} is being written by another agent;"
+                    " try again in a few seconds"
+                )
+            await asyncio.sleep(0.02)
+        try:
+            yield
+        finally:
+            await self._client.eval(RELEASE, 1, key, token)
+
+    # --- replace ----------------------------------------------------------------------
+
+    async def replace(
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+    ) -> CertRecord:
+        """Replace record ``cert_id`` with ``bundle``; its id kept, its version + 1."""
+        async with self._locked(cert_id):
+            return await self._replace(ring, cert_id, bundle, now)
+
+    async def _replace(
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+    ) -> CertRecord:
+        keys = self._keys
+        cert_key = keys.cert(cert_id)
+        new_fp = keys.fingerprint(bundle.fingerprint_sha256)
+        for _ in range(ATTEMPTS):
+            old, dropped_before = await self._read(cert_id)
+            owner = to_text(await self._client.get(new_fp))
+            if owner and owner != cert_id:
+                sha = to_bytes(await self._client.hget(keys.cert(owner), F_SHA256))
+                if sha == bundle.fingerprint_sha256.encode("ascii"):
+                    raise duplicate(bundle.fingerprint_sha256, owner, "delete that record first")
+            claimed = await self._client.eval(CLAIM, 1, new_fp, owner, cert_id)
+            if claimed != 1:
+                raise duplicate(bundle.fingerprint_sha256, to_text(claimed), "delete it first")
+            record = make_record(cert_id, bundle, version=old.version + 1, updated_at=now)
+            dropped = [
+                n for n in dict.fromkeys([*old.names, *dropped_before]) if n not in bundle.names
+            ]
+            done = await self._client.eval(
+                REPLACE,
+                1,
+                cert_key,
+                str(old.version),
+                " ".join(dropped),
+                pack(encode_record(ring, record, bundle)),
+            )
+            if done == -1:
+                raise NotFound(f"{self._url}: no certificate {cert_id!r}")
+            if done != 1:
+                continue  # replaced meanwhile: read it again
+            await self._run([("sadd", keys.name(n), cert_id) for n in bundle.names])
+            await self._run([("srem", keys.name(n), cert_id) for n in dropped])
+            if old.fingerprint_sha256 != bundle.fingerprint_sha256:
+                old_fp = keys.fingerprint(old.fingerprint_sha256)
+                await self._client.eval(RELEASE, 1, old_fp, cert_id)
+            await self._global(
+                [
+                    ("zadd", keys.ids(), {cert_id: 0}),
+                    ("zadd", keys.expiry(), {cert_id: expiry_score(bundle.not_after)}),
+                    self._event("put", cert_id, [*bundle.names, *old.names, *dropped]),
+                ]
+            )
+            if dropped:
+                await self._client.eval(
+                    SET_IF, 1, cert_key, "version", str(record.version), F_DROPPED, ""
+                )
+            return record
+        raise StoreError(f"{self._url}: replace {cert_id}: the record kept changing; gave up")
+
+    # --- delete -----------------------------------------------------------------------
+
+    async def delete(self, cert_id: str) -> CertRecord:
+        async with self._locked(cert_id):
+            return await self._delete(cert_id)
+
+    async def _delete(self, cert_id: str) -> CertRecord:
+        keys = self._keys
+        old, dropped = await self._read(cert_id)
+        fp = keys.fingerprint(old.fingerprint_sha256)
+        await self._client.eval(RELEASE, 1, fp, cert_id)
+        names = list(dict.fromkeys([*old.names, *dropped]))
+        await self._run([("srem", keys.name(n), cert_id) for n in names])
+        await self._global(
+            [
+                ("zrem", keys.ids(), cert_id),
+                ("zrem", keys.expiry(), cert_id),
+                self._event("delete", cert_id, names),
+            ]
+        )
+        await self._client.delete(keys.cert(cert_id))
+        return old
+
+    # --- single-record updates --------------------------------------------------------
+
+    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
+        """Check ``der`` against the record's chain, keep it, then the ``put`` event."""
+        if not valid_id(cert_id):
+            raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
+        cert_key = self._keys.cert(cert_id)
+        chain, names, sha = (
+            to_bytes(v) for v in await self._client.hmget(cert_key, [F_CHAIN, F_NAMES, F_SHA256])
+        )
+        if chain is None or sha is None:
+            raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
+        facts = check_for_chain(chain, der, now)
+        stored = await self._client.eval(SET_IF, 1, cert_key, F_SHA256, sha, "ocsp", der)
+        if stored != 1:
+            raise StoreError(
+                f"{self._url}: certificate {cert_id} changed while its OCSP response was stored;"
+                " check the response against the new certificate and try again"
+            )
+        await self._global([self._event("put", cert_id, list(parse_names(names)))])
+        return facts
+
+    async def set_key(self, cert_id: str, token: bytes, fresh: bytes) -> bool:
+        """Swap a record's encrypted key if it still holds ``token`` (``keys rotate``)."""
+        done = await self._client.eval(
+            SET_IF, 1, self._keys.cert(cert_id), F_KEY, token, F_KEY, fresh
+        )
+        return bool(done == 1)
+
+    # --- helpers ----------------------------------------------------------------------
+
+    async def _read(self, cert_id: str) -> tuple[CertRecord, tuple[str, ...]]:
+        row = await self._client.hmget(self._keys.cert(cert_id), [*META_FIELDS, F_DROPPED])
+        fields = meta_fields(row[: len(META_FIELDS)])
+        if fields is None:
+            raise NotFound(f"{self._url}: no certificate {cert_id!r}")
+        try:
+            record = decode_record(cert_id, fields)
+        except ValueError as exc:
+            raise StoreCorrupt(f"{self._url}: record {cert_id!r} has bad metadata: {exc}") from exc
+        return record, parse_names(to_bytes(row[-1]))
+
+    def _event(self, kind: EventKind, cert_id: str, names: Sequence[str]) -> tuple[Any, ...]:
+        return ("xadd", self._keys.events(), encode_event(kind, cert_id, names))
+
+    async def _run(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Commands in one cluster pipeline (one round trip per node, nodes in parallel)."""
+        if not commands:
+            return []
+        async with self._client.pipeline(transaction=False) as pipe:
+            for name, *args in commands:
+                self._queue(pipe, name, args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception) and not isinstance(
+                reply, redis.exceptions.ResponseError
+            ):
+                raise reply
+            if isinstance(reply, (redis.exceptions.AskError, redis.exceptions.TryAgainError)):
+                raise reply
+        return replies
+
+    async def _global(self, commands: Sequence[tuple[Any, ...]]) -> None:
+        """Commands on the ``{global}`` slot, in one MULTI/EXEC."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            for name, *args in commands:
+                self._queue(pipe, name, args)
+            await pipe.execute()
+
+    def _queue(self, pipe: Any, name: str, args: list[Any]) -> None:
+        if name == "eval":
+            script, *rest = args
+            pipe.eval(script, 1, *rest)
+        elif name == "xadd":
+            pipe.xadd(*args, maxlen=self._maxlen, approximate=True)
+        elif name == "zadd":
+            pipe.zadd(*args)
+        else:
+            getattr(pipe, name)(*args)
+
+    def _failed(self, record: CertRecord, reply: object) -> StoreError:
+        return StoreError(f"{self._url}: add {record.fingerprint_sha256[:16]}: failed: {reply}")

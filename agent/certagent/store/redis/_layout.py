@@ -1,0 +1,176 @@
+"""The Redis store's key layout: key names, record fields, ids, reply values.
+
+Pure functions on values, no I/O; how records and events are encoded into
+those keys is :mod:`certagent.store.redis._records`.  docs/store.md describes
+the same layout for operators.
+
+Key layout (``prefix`` defaults to ``certagent:``; all values are bytes)::
+
+    {prefix}cert:{id}     HASH    chain               leaf + chain certificates, PEM, leaf first
+                                  key                 the private key: keycrypt token (aad = id)
+                                  names               the certificate's names, space-separated
+                                  fingerprint_sha1    uppercase hex (as HAProxy prints it)
+                                  fingerprint_sha256  lowercase hex
+                                  serial              uppercase hex
+                                  key_type            ECDSA-P256, RSA-2048, ...
+                                  not_before          ISO 8601 UTC, e.g. 2025-01-31T12:00:00Z
+                                  not_after           ISO 8601 UTC
+                                  version             1 on add, + 1 on every replace
+                                  updated_at          ISO 8601 UTC
+                                  ocsp                the DER OCSP response to staple (optional)
+                                  names_dropped       (a cluster only) names a replace dropped,
+                                                      until they are out of their name sets
+    {prefix}name:{name}   SET     ids of the records with that name (an ECDSA and an RSA one)
+    {prefix}fp:{sha256}   STRING  id of the record holding that leaf (duplicate check)
+    {prefix}ids           ZSET    every id, score 0: id order and cursors (ZRANGEBYLEX)
+    {prefix}expiry        ZSET    every id, scored by notAfter (Unix seconds)
+    {prefix}events        STREAM  one entry per write: kind (put|delete), id, names;
+                                  kind tls-keys (no id, no names) when the ring rotates
+    {prefix}tls:ring      HASH    generation, rotated_at, k0 k1 k2: the TLS ticket keys,
+                                  keycrypt tokens (aad = tls-ticket-key), oldest first
+    {prefix}tls:lock      STRING  held (SET NX PX) by the agent rotating the ring
+    {prefix}lock:{id}     STRING  (a cluster only) held (SET NX PX) by the agent writing record id
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "F_CHAIN",
+    "F_DROPPED",
+    "F_KEY",
+    "F_KEY_TYPE",
+    "F_NAMES",
+    "F_NOT_AFTER",
+    "F_NOT_BEFORE",
+    "F_OCSP",
+    "F_SERIAL",
+    "F_SHA1",
+    "F_SHA256",
+    "F_UPDATED_AT",
+    "F_VERSION",
+    "META_FIELDS",
+    "ZERO",
+    "Keys",
+    "to_bytes",
+    "to_text",
+    "valid_id",
+]
+
+DEFAULT_PREFIX = "certagent:"
+
+F_CHAIN = "chain"
+F_KEY = "key"
+F_NAMES = "names"
+F_SHA1 = "fingerprint_sha1"
+F_SHA256 = "fingerprint_sha256"
+F_SERIAL = "serial"
+F_KEY_TYPE = "key_type"
+F_NOT_BEFORE = "not_before"
+F_NOT_AFTER = "not_after"
+F_VERSION = "version"
+F_UPDATED_AT = "updated_at"
+F_OCSP = "ocsp"  # the DER OCSP response to staple, when one was stored
+#: Names a replace on a cluster dropped, kept in the record until they are out of the name sets.
+F_DROPPED = "names_dropped"
+#: The fields a :class:`CertRecord` is made of (no key material).
+META_FIELDS = (
+    F_NAMES,
+    F_SHA256,
+    F_SERIAL,
+    F_KEY_TYPE,
+    F_NOT_BEFORE,
+    F_NOT_AFTER,
+    F_VERSION,
+    F_UPDATED_AT,
+)
+#: The position before every event.
+ZERO = "0-0"
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds every Redis key the store uses.
+
+    With ``cluster``, keys carry hash tags (see docs/store.md): a record's hash
+    is tagged by its id (``cert:{id}``), a name set by its name (``name:{host}``),
+    a fingerprint by itself (``fp:{sha256}``), and the keys every write or
+    rotation shares -- ``ids``, ``expiry``, ``events``, ``tls:ring``, ``tls:lock``
+    -- by one fixed tag (``{global}:events``), so each of those groups stays in
+    one slot.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+    cluster: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cluster and ("{" in self.prefix or "}" in self.prefix):
+            raise ValueError("a Redis Cluster key prefix cannot hold '{' or '}'")
+
+    def _tag(self, part: str) -> str:
+        return f"{{{part}}}" if self.cluster else part
+
+    def _global(self, name: str) -> str:
+        return f"{self.prefix}{{global}}:{name}" if self.cluster else f"{self.prefix}{name}"
+
+    def cert(self, cert_id: str) -> str:
+        return f"{self.prefix}cert:{self._tag(cert_id)}"
+
+    def name(self, name: str) -> str:
+        return f"{self.prefix}name:{self._tag(name)}"
+
+    def name_pattern(self) -> str:
+        """The SCAN pattern of every name key."""
+        return f"{self.prefix}name:{{*}}" if self.cluster else f"{self.prefix}name:*"
+
+    def name_of(self, key: str) -> str:
+        """The name a name key (from :meth:`name_pattern`) is for."""
+        raw = key[len(self.prefix) + len("name:") :]
+        return raw[1:-1] if self.cluster else raw
+
+    def fingerprint(self, sha256: str) -> str:
+        return f"{self.prefix}fp:{self._tag(sha256)}"
+
+    def record_lock(self, cert_id: str) -> str:
+        """Held (SET NX PX) while a cluster write changes the record (same slot as it)."""
+        return f"{self.prefix}lock:{self._tag(cert_id)}"
+
+    def ids(self) -> str:
+        return self._global("ids")
+
+    def expiry(self) -> str:
+        return self._global("expiry")
+
+    def events(self) -> str:
+        return self._global("events")
+
+    def tls_ring(self) -> str:
+        return self._global("tls:ring")
+
+    def tls_lock(self) -> str:
+        return self._global("tls:lock")
+
+
+def valid_id(cert_id: str) -> bool:
+    """Whether ``cert_id`` can be a record id: 1-64 letters, digits, ``_.-``; no ``/`` or ``:``."""
+    return _ID.match(cert_id) is not None
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+def to_bytes(value: object) -> bytes | None:
+    """redis-py types replies loosely; with decode_responses=False they are bytes."""
+    if isinstance(value, str):
+        return value.encode()
+    return value if isinstance(value, bytes) else None
+
+
+def to_text(value: object) -> str:
+    raw = to_bytes(value)
+    return "" if raw is None else raw.decode("ascii", "replace")

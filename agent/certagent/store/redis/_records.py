@@ -1,0 +1,224 @@
+"""How the Redis store encodes a record and an event, and decodes them: one module for both writers.
+
+Pure functions on values, no I/O.  A record is one hash (fields in
+:mod:`certagent.store.redis._layout`), its private key encrypted with the data
+key for its id; :class:`RecordEncoder` prepares a new one ahead (in worker
+processes too) as a :class:`~certagent.store.base.PreparedRecord` whose
+payload is the hash's fields and values joined by NUL bytes (as the scripts
+of both writers split them).  An event is one entry of the ``events`` stream.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from redis.typing import EncodableT, FieldT
+
+from certagent.certs import hostname, keycrypt
+from certagent.certs.keycrypt import KeyRing
+from certagent.certs.pem import CERTIFICATE, KEY_LABELS, CertBundle, split_blocks
+from certagent.errors import InvalidHostname, StoreError
+from certagent.store.base import CertRecord, Change, PreparedRecord
+from certagent.store.records import make_record
+from certagent.store.redis._layout import (
+    F_CHAIN,
+    F_KEY,
+    F_KEY_TYPE,
+    F_NAMES,
+    F_NOT_AFTER,
+    F_NOT_BEFORE,
+    F_SERIAL,
+    F_SHA1,
+    F_SHA256,
+    F_UPDATED_AT,
+    F_VERSION,
+    META_FIELDS,
+    to_bytes,
+    to_text,
+    valid_id,
+)
+
+__all__ = [
+    "EventKind",
+    "RecordEncoder",
+    "decode_change",
+    "decode_record",
+    "decode_record_time",
+    "encode_event",
+    "encode_record",
+    "expiry_score",
+    "fields_of",
+    "meta_fields",
+    "pack",
+    "parse_names",
+    "tickets_event",
+]
+
+#: The kinds of event a record's write appends.
+EventKind = Literal["put", "delete"]
+
+_ISO = "%Y-%m-%dT%H:%M:%SZ"
+_KINDS: dict[str, EventKind] = {"put": "put", "delete": "delete"}
+
+
+# --- records -------------------------------------------------------------------------------
+
+
+def encode_record(
+    ring: KeyRing, record: CertRecord, bundle: CertBundle
+) -> dict[FieldT, EncodableT]:
+    """The hash fields of ``record`` holding ``bundle``; the key encrypted for ``record.id``."""
+    blocks = split_blocks(bundle.pem)
+    chain = b"".join(text for label, text in blocks if label == CERTIFICATE)
+    key = next(text for label, text in blocks if label in KEY_LABELS)
+    return {
+        F_CHAIN: chain,
+        F_KEY: keycrypt.encrypt(ring, key, record.id.encode("ascii")),
+        F_NAMES: " ".join(record.names).encode("ascii"),
+        F_SHA1: bundle.fingerprint_sha1.encode("ascii"),
+        F_SHA256: record.fingerprint_sha256.encode("ascii"),
+        F_SERIAL: record.serial.encode("ascii"),
+        F_KEY_TYPE: record.key_type.encode("ascii"),
+        F_NOT_BEFORE: _iso(record.not_before),
+        F_NOT_AFTER: _iso(record.not_after),
+        F_VERSION: str(record.version).encode("ascii"),
+        F_UPDATED_AT: _iso(record.updated_at),
+    }
+
+
+def meta_fields(row: object) -> dict[str, bytes | None] | None:
+    """An HMGET reply for META_FIELDS as a dict; None if the record does not exist."""
+    if not isinstance(row, list) or len(row) != len(META_FIELDS):
+        return None
+    fields = dict(zip(META_FIELDS, (to_bytes(v) for v in row), strict=True))
+    return None if fields[F_SHA256] is None else fields
+
+
+def decode_record(cert_id: str, fields: Mapping[str, bytes | None]) -> CertRecord:
+    """A CertRecord from :func:`meta_fields`; ValueError if a field is missing or invalid."""
+    names = parse_names(fields[F_NAMES])
+    if not names:
+        raise ValueError("no valid names")
+    return CertRecord(
+        id=cert_id,
+        names=names,
+        not_before=_parse_iso(fields[F_NOT_BEFORE]),
+        not_after=_parse_iso(fields[F_NOT_AFTER]),
+        fingerprint_sha256=_required(fields[F_SHA256]),
+        serial=_required(fields[F_SERIAL]),
+        key_type=_required(fields[F_KEY_TYPE]),
+        version=int(_required(fields[F_VERSION])),
+        updated_at=_parse_iso(fields[F_UPDATED_AT]),
+    )
+
+
+def parse_names(raw: bytes | None) -> tuple[str, ...]:
+    """The valid names of a space-separated ``names`` value, in order, without repeats."""
+    names: list[str] = []
+    for part in (raw or b"").decode("ascii", "replace").split():
+        try:
+            name = hostname.normalise_pattern(part)
+        except InvalidHostname:
+            continue
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def expiry_score(moment: datetime) -> float:
+    """``moment`` as the score of the ``expiry`` sorted set: Unix seconds."""
+    if moment.utcoffset() is None:
+        raise ValueError("dates must be timezone-aware")
+    return moment.timestamp()
+
+
+def _required(value: bytes | None) -> str:
+    if not value:
+        raise ValueError("a field is missing")
+    return value.decode("ascii", "replace")
+
+
+def _iso(moment: datetime) -> bytes:
+    return moment.astimezone(UTC).strftime(_ISO).encode("ascii")
+
+
+def _parse_iso(raw: bytes | None) -> datetime:
+    moment = datetime.fromisoformat(_required(raw))
+    if moment.tzinfo is None:
+        raise ValueError("a date has no time zone")
+    return moment.astimezone(UTC)
+
+
+def decode_record_time(raw: bytes) -> float:
+    """The ``expiry`` score of a record's ``not_after`` field."""
+    return expiry_score(datetime.fromisoformat(raw.decode("ascii")))
+
+
+@dataclass(frozen=True)
+class RecordEncoder:
+    """Encodes new records for the bulk writer: pure, no I/O; picklable.
+
+    ``ring`` is the store's key ring (its data keys: keep the encoder in the
+    process that opened the key file and in the workers it starts).
+    """
+
+    ring: KeyRing
+
+    def __repr__(self) -> str:
+        return f"RecordEncoder(current={self.ring.current!r})"
+
+    def prepare(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord:
+        """``bundle`` under a new random id, version 1, its key encrypted for that id."""
+        record = make_record(secrets.token_hex(8), bundle, version=1, updated_at=updated_at)
+        return PreparedRecord(
+            record=record,
+            payload=pack(encode_record(self.ring, record, bundle), record.id),
+            expiry=expiry_score(bundle.not_after),
+        )
+
+
+def pack(fields: Mapping[FieldT, EncodableT], record_id: str = "") -> bytes:
+    """A hash's fields and values joined by NUL bytes (as the scripts split them)."""
+    parts: list[bytes] = []
+    for name, value in fields.items():
+        for part in (name, value):
+            raw = to_bytes(part)
+            if raw is None or b"\0" in raw:
+                which = f"record {record_id}" if record_id else "a record"
+                raise StoreError(f"{which}: a field is not NUL-free bytes")
+            parts.append(raw)
+    return b"\0".join(parts)
+
+
+def fields_of(prepared: PreparedRecord) -> dict[FieldT, EncodableT]:
+    """The hash's fields and values of ``prepared`` (for HSET)."""
+    parts = prepared.payload.split(b"\0")
+    return dict(zip(parts[::2], parts[1::2], strict=True))
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+def encode_event(kind: EventKind, cert_id: str, names: Sequence[str]) -> dict[FieldT, EncodableT]:
+    """The fields of an event; ``names`` are the record's names before and after the write."""
+    return {"kind": kind, "id": cert_id, "names": " ".join(dict.fromkeys(names))}
+
+
+def tickets_event() -> dict[FieldT, EncodableT]:
+    """The event of a ticket-key rotation."""
+    return {"kind": "tls-keys"}
+
+
+def decode_change(fields: Mapping[bytes, bytes]) -> Change | None:
+    """The change an event describes; None if it is not one the store writes."""
+    kind = to_text(fields.get(b"kind"))
+    if kind == "tls-keys":
+        return Change("tls-keys", "", ())
+    cert_id = to_text(fields.get(b"id"))
+    if kind not in _KINDS or not valid_id(cert_id):
+        return None
+    return Change(_KINDS[kind], cert_id, parse_names(fields.get(b"names")))

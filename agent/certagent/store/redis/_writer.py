@@ -1,0 +1,97 @@
+"""How a RedisStore writes: one interface, two strategies, picked once when the store is made.
+
+* :class:`~certagent.store.redis._single.SingleNodeWriter` -- one Redis, plain or
+  Sentinel: every write is one MULTI/EXEC (WATCHing what it read first) or one
+  Lua script;
+* :class:`~certagent.store.redis._cluster.ClusterWriter` -- a Redis Cluster, where
+  a record's keys live in several slots: ordered, idempotent one-slot steps.
+
+Both write the same records and events (:mod:`certagent.store.redis._records`),
+so a reader cannot tell them apart.  redis-py's connection errors escape a
+writer (the store translates them, :func:`~certagent.store.redis._connection.redis_errors`);
+the agent's own errors (NotFound, DuplicateCertificate, StoreError) are raised
+as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from certagent.certs.keycrypt import KeyRing
+from certagent.certs.ocsp import OcspFacts
+from certagent.certs.pem import CertBundle
+from certagent.errors import DuplicateCertificate, StoreError
+from certagent.store.base import CertRecord, IdTaken, PreparedRecord
+
+__all__ = ["ATTEMPTS", "AddOutcome", "RecordWriter", "Stored", "duplicate"]
+
+#: Attempts of a write whose keys keep changing under it (or whose random id is taken).
+ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The leaf is already stored, as record ``owner``."""
+
+    owner: str
+
+
+#: What adding one prepared record gave.
+AddOutcome = CertRecord | Stored | IdTaken | StoreError
+
+
+class RecordWriter(Protocol):
+    """Every write of a :class:`~certagent.store.redis.RedisStore`; ids validated by the store."""
+
+    async def add(self, prepared: PreparedRecord) -> AddOutcome:
+        """Add one new record (``RedisStore.add``): its record, Stored, IdTaken or StoreError."""
+        ...
+
+    async def add_batch(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
+        """Add many new records in few round trips (bulk adds); one outcome each, in order.
+
+        Each record is written entirely or not at all, with its ``put`` event.
+        """
+        ...
+
+    async def replace(
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+    ) -> CertRecord:
+        """Record ``cert_id`` now holds ``bundle``: id kept, version + 1, a ``put`` event.
+
+        NotFound if there is no such record; DuplicateCertificate if another
+        record holds that leaf.
+        """
+        ...
+
+    async def delete(self, cert_id: str) -> CertRecord:
+        """Remove record ``cert_id``, its names and index entries, with a ``delete`` event."""
+        ...
+
+    async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
+        """Check ``der`` against the record's chain, keep it with the record, a ``put`` event.
+
+        StoreError if the record was replaced meanwhile (the response may be
+        about the old certificate).
+        """
+        ...
+
+    async def set_key(self, cert_id: str, token: bytes, fresh: bytes) -> bool:
+        """Swap a record's encrypted key for ``fresh`` if it still holds ``token``.
+
+        For ``certagent keys rotate``: the record's version and the change feed
+        are left alone (the certificate did not change).  False if the record
+        changed (or went) meanwhile.
+        """
+        ...
+
+
+def duplicate(
+    sha256: str, owner: str, advice: str = "replace or delete that record instead"
+) -> DuplicateCertificate:
+    return DuplicateCertificate(
+        f"this certificate (sha256 {sha256}) is already stored as {owner}; {advice}"
+    )

@@ -1,0 +1,88 @@
+"""The import's worker side: reading, validating and encoding a batch of files."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from certagent.certs.keycrypt import KeyRing, decrypt, generate_key_line
+from certagent.certs.validate import UploadPolicy
+from certagent.cli._import_work import MAX_FILE, BatchJob, ImportItem, prepare_batch, read_file
+from certagent.errors import CertificateError, ConfigError, Expired, PemError
+from certagent.store.base import PreparedRecord
+from certagent.store.redis import RecordEncoder
+from certagent.store.redis._records import fields_of
+from certagent.testing.certs import CA, combined, issue, make_ca, shared_key
+
+NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+@pytest.fixture(scope="module")
+def ca() -> CA:
+    return make_ca()
+
+
+@pytest.mark.parametrize("size", [0, 1, 2400, MAX_FILE])
+def test_read_file_reads_the_whole_file(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "f.pem"
+    path.write_bytes(b"x" * size)
+    assert read_file(path) == b"x" * size
+
+
+def test_read_file_refuses_more_than_max_file(tmp_path: Path) -> None:
+    path = tmp_path / "big.pem"
+    path.write_bytes(b"x" * (MAX_FILE + 1))
+    with pytest.raises(CertificateError, match="over"):
+        read_file(path)
+
+
+def test_read_file_of_a_file_without_a_size(tmp_path: Path) -> None:
+    assert b"Name:" in read_file(Path("/proc/self/status"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_file(tmp_path / "missing.pem")
+
+
+def test_prepare_batch_gives_a_record_or_the_error_for_each_file(ca: CA, tmp_path: Path) -> None:
+    ring = KeyRing.from_text(generate_key_line("k1"))
+    good = tmp_path / "good.pem"
+    good.write_bytes(combined(*issue(ca, "good.example.test", key=shared_key())))
+    bad = tmp_path / "bad.pem"
+    bad.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
+    old = tmp_path / "old.pem"
+    past = NOW - dt.timedelta(days=400)
+    chain, key = issue(
+        ca, "old.example.test", key=shared_key(), not_before=past,
+        not_after=past + dt.timedelta(days=90),
+    )  # fmt: skip
+    old.write_bytes(combined(chain, key))
+    lineage = tmp_path / "live" / "l.example.test"
+    lineage.mkdir(parents=True)
+    chain, key = issue(ca, "l.example.test", key=shared_key())
+    (lineage / "fullchain.pem").write_bytes(chain)
+    (lineage / "privkey.pem").write_bytes(key)
+    items = (
+        ImportItem("good.pem", good, None),
+        ImportItem("bad.pem", bad, None),
+        ImportItem("old.pem", old, None),
+        ImportItem("missing.pem", tmp_path / "missing.pem", None),
+        ImportItem("l", lineage / "fullchain.pem", lineage / "privkey.pem"),
+    )
+    out = prepare_batch(BatchJob(items, UploadPolicy(), RecordEncoder(ring), NOW, NOW))
+    first, second, third, fourth, fifth = out
+    assert isinstance(first, PreparedRecord)
+    assert first.record.names == ("good.example.test",)
+    assert first.record.updated_at == NOW
+    fields = fields_of(first)
+    assert decrypt(ring, fields[b"key"], first.record.id.encode()) == key_part(good.read_bytes())
+    assert b"PRIVATE KEY" not in first.payload
+    assert isinstance(second, PemError)
+    assert isinstance(third, Expired)
+    assert isinstance(fourth, ConfigError)
+    assert isinstance(fifth, PreparedRecord)
+    assert "payload" not in repr(first)
+
+
+def key_part(pem: bytes) -> bytes:
+    return pem[pem.index(b"-----BEGIN PRIVATE KEY") :]
