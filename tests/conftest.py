@@ -10,6 +10,11 @@ sit in one place, choose what those runs leave out:
   start HAProxy inside them, so a module wrongly listed fails on the first run.
 * ``runtime_api``: the modules that exercise HAProxy's runtime API and TLS side
   most directly, run on 3.4 too.
+* ``heavy``: long tests whose subject does not change with HAProxy's version (the
+  bench's own smoke runs, a Redis failover, a bulk import, a flood of made-up
+  names): run on 2.6 and 3.2, left out on 3.0, to keep CI under 30 minutes.
+
+The header of each run names the HAProxy under test and the marks it leaves out.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ RUNTIME_API = {
     "test_versions",
 }
 
+HEAVY = {
+    "test_bench_smoke",
+    "test_failover",
+    "test_flood.py::test_a_flood_of_random_names_never_reaches_the_store",
+    "test_live.py::test_bulk_import_of_10000_with_a_corrupt_file",
+}
+
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     where = (
@@ -53,7 +65,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         build = haproxy_build().describe()
     except StackError as exc:
         build = f"does not run: {exc}"
-    return [f"HAProxy under test: {build} ({HAPROXY}, from {where})"]
+    lines = [f"HAProxy under test: {build} ({HAPROXY}, from {where})"]
+    chosen = config.getoption("markexpr")
+    if chosen:
+        lines.append(f"tests chosen by -m {chosen!r} (marks: tests/conftest.py)")
+    return lines
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -63,6 +79,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.no_haproxy)
         if module in RUNTIME_API:
             item.add_marker(pytest.mark.runtime_api)
+        function = getattr(item, "originalname", item.name)
+        if module in HEAVY or f"{module}.py::{function}" in HEAVY:
+            item.add_marker(pytest.mark.heavy)
 
 
 @pytest.fixture(autouse=True)
