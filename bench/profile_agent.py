@@ -48,7 +48,7 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("victim choice (sampling, usage parsing)", ("runtime/usage.py",)),
     (
         "runtime API: encode, write, read, split replies",
-        ("runtime/client.py", "runtime/protocol.py"),
+        ("runtime/client.py", "runtime/protocol/"),
     ),
     (
         "load plan and pool bookkeeping",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what certagent needs on a Debian 12 machine, as root; safe to run again.
 #
-#   - haproxy, redis-server and openssl from Debian (apt-get update only when
+#   - haproxy, redis-server, openssl and pebble (a test ACME CA) from Debian (apt-get update only when
 #     something is missing). Package scripts are not allowed to start services:
 #     whatever already runs on this machine (a Redis on 6379, another HAProxy)
 #     is left alone, and nothing new is started or stopped.
@@ -30,7 +30,9 @@ STAMP="$VENV/.certagent-installed"
 # gcc, libc6-dev and libssl-dev build the benchmark's C load generator (bench/tlsload.c);
 # systemd brings systemd-analyze, which checks the unit `certagent init --systemd` writes
 # (tests/integration/test_init.py; a minimal Debian image has no systemd).
-PACKAGES=(haproxy redis-server openssl gcc libc6-dev libssl-dev systemd)
+# pebble brings pebble + pebble-challtestsrv, the test ACME CA the ACME tests start on
+# loopback high ports (certagent/testing/pebble.py); the package starts no service.
+PACKAGES=(haproxy redis-server openssl gcc libc6-dev libssl-dev systemd pebble)
 TEST_PACKAGES=(debootstrap patchelf testssl.sh chromium libnss3-tools)
 
 say() { printf 'install: %s\n' "$*"; }

@@ -26,6 +26,7 @@ import pytest
 from certagent.testing import HAPROXY, StackError, haproxy_build
 
 NO_HAPROXY = {
+    "test_acme_client",
     "test_api",
     "test_api_schemathesis",
     "test_bench_import_rate",

@@ -165,3 +165,6 @@ class MemoryStore:
 
     def bulk(self) -> None:
         return None
+
+    def issuance(self) -> None:
+        return None

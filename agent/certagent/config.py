@@ -31,6 +31,10 @@ class DualCerts(StrEnum):
 
 
 DIR_WATCH_MODES = ("auto", "poll")
+ACME_KEY_TYPES = ("ecdsa", "rsa", "both")
+ACME_CHALLENGES = ("http-01", "tls-alpn-01")
+#: seconds of hold left after acme_wait, for loading the issued certificate
+ACME_LOAD_MARGIN = 1.0
 # ticketkeys.MIN_INTERVAL, without importing the certificate layer here
 MIN_TICKET_ROTATION = 600.0
 # HAProxy's inspect-delay bounds how long a connection can wait; init renders it from hold.
@@ -134,6 +138,50 @@ class Settings:
     dir_watch: str = "auto"
     # directory store: seconds between rescans when polling (not used while inotify works)
     dir_poll_interval: float = 5.0
+    # --- on-demand issuance (ACME), docs/acme.md --------------------------------------
+    # the CA's ACME directory URL; "" = no issuance (names the store lacks get the fallback)
+    acme_directory: str = ""
+    # the account's contact address (optional; the CA may mail about expiry or problems)
+    acme_email: str = ""
+    # a PEM file of CA certificates trusted for the ACME server (private or test CAs)
+    acme_ca_file: str = ""
+    # external account binding, for CAs that require it: the key id, and a file holding
+    # the base64url HMAC key (mode 0600)
+    acme_eab_kid: str = ""
+    acme_eab_hmac_file: str = ""
+    # key types to order for each name: ecdsa (P-256), rsa (2048) or both; a new key each time
+    acme_key_types: str = "ecdsa"
+    # an ACME profile the CA offers (e.g. "shortlived"); "" = the CA's default
+    acme_profile: str = ""
+    # how the CA validates: http-01 (fe_http answers from a map) or tls-alpn-01 (fe_tls)
+    acme_challenge: str = "http-01"
+    # a first connection waits at most this long for its certificate (s); below hold
+    acme_wait: float = 8.0
+    # permission policy (at least one): an endpoint asked GET <url>?domain=<name> (2xx allows),
+    acme_ask: str = ""
+    # ... names under these domains (space or comma separated),
+    acme_allow_suffixes: str = ""
+    # ... and names registered with `certagent domain add` / POST /v1/domains
+    acme_registered: bool = False
+    # the ask endpoint: timeout (s), requests per second at most
+    acme_ask_timeout: float = 2.0
+    acme_ask_rate: float = 10.0
+    # how long an allowed / a denied answer is cached (s)
+    acme_allow_ttl: float = 3600.0
+    acme_deny_ttl: float = 300.0
+    # open orders in the whole fleet, at most
+    acme_concurrency: int = 10
+    # one order, from newOrder to the certificate (s)
+    acme_order_timeout: float = 60.0
+    # after a failed order the name waits this long, doubling up to the max (s)
+    acme_backoff_min: float = 10.0
+    acme_backoff_max: float = 3600.0
+    # this agent's name in the fleet (challenge acks, leases); "" = host name + agent socket
+    acme_node: str = ""
+    # the HTTP-01 answers' map file exactly as written in haproxy.cfg ("" = no fe_http)
+    challenge_map: str = ""
+    # crt-list slots kept for TLS-ALPN-01 answers (each serves one name being validated)
+    challenge_slots: int = 4
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -191,6 +239,54 @@ class Settings:
             raise ConfigError(f"tls_keys_file must be an absolute path, not {self.tls_keys_file!r}")
         if not 0.1 <= self.dir_poll_interval <= 3600:
             raise ConfigError("dir_poll_interval must be between 0.1 and 3600 seconds")
+        if self.acme_directory:
+            self._check_acme()
+
+    def _check_acme(self) -> None:
+        """The issuance settings hang together (only when ``acme_directory`` is set)."""
+        if not (self.acme_ask or self.acme_allow_suffixes or self.acme_registered):
+            raise ConfigError(
+                "on-demand issuance needs a permission policy, so that no made-up name"
+                " reaches the CA: set acme_ask (an endpoint asked per name),"
+                " acme_allow_suffixes, or acme_registered = true (names registered with"
+                " 'certagent domain add')"
+            )
+        if self.acme_key_types not in ACME_KEY_TYPES:
+            raise ConfigError(
+                f"acme_key_types must be one of {', '.join(ACME_KEY_TYPES)},"
+                f" not {self.acme_key_types!r}"
+            )
+        if self.acme_challenge not in ACME_CHALLENGES:
+            raise ConfigError(
+                f"acme_challenge must be one of {', '.join(ACME_CHALLENGES)},"
+                f" not {self.acme_challenge!r}"
+            )
+        if self.acme_challenge == "http-01" and not self.challenge_map:
+            raise ConfigError(
+                "acme_challenge is http-01 but no challenge_map is set: re-run"
+                " 'certagent init' with --acme-directory to generate fe_http and its map"
+            )
+        # the connection waits in HAProxy for the agent's answer: inspect-delay > the Lua
+        # socket timeout > hold (both rendered from hold by init) > acme_wait + a load
+        if not 0 < self.acme_wait <= self.hold - ACME_LOAD_MARGIN:
+            raise ConfigError(
+                f"acme_wait ({self.acme_wait:g} s) must be positive and at most hold minus"
+                f" {ACME_LOAD_MARGIN:g} s ({self.hold - ACME_LOAD_MARGIN:g} s): the first"
+                " connection must still have time to load the certificate before HAProxy's"
+                " Lua timeout and inspect-delay (rendered from hold by 'certagent init')"
+            )
+        if self.acme_concurrency < 1 or self.challenge_slots < 1:
+            raise ConfigError("acme_concurrency and challenge_slots must be at least 1")
+        if self.acme_order_timeout <= 0 or self.acme_ask_timeout <= 0 or self.acme_ask_rate <= 0:
+            raise ConfigError(
+                "acme_order_timeout, acme_ask_timeout and acme_ask_rate must be positive"
+            )
+        if not 0 < self.acme_backoff_min <= self.acme_backoff_max:
+            raise ConfigError("acme_backoff_min must be positive and at most acme_backoff_max")
+        if self.acme_allow_ttl < 0 or self.acme_deny_ttl < 0:
+            raise ConfigError("acme_allow_ttl and acme_deny_ttl must not be negative")
+        if bool(self.acme_eab_kid) != bool(self.acme_eab_hmac_file):
+            raise ConfigError("acme_eab_kid and acme_eab_hmac_file go together: set both")
 
 
 def parse_bind(value: str, what: str = "api_bind") -> tuple[str, int]:

@@ -158,6 +158,10 @@ class RotationInProgress(StoreError):
     """Another agent holds the ticket-key rotation lock; its rotation reaches every agent."""
 
 
+class LeaseLost(StoreError):
+    """An issuance lease lapsed and another node took the name: the result is not stored."""
+
+
 class KeyDecryptError(StoreError):
     """An encrypted private key cannot be decrypted (unknown data key, wrong record, altered)."""
 

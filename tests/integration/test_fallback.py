@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from certagent.testing import PKI, RedisFixture, Stack, wait_for
+from certagent.testing import PKI, RedisFixture, Stack, cli_start_seconds, wait_for
 from tests.integration.conftest import StackFactory
 
 pytestmark = pytest.mark.integration
@@ -103,6 +103,7 @@ def test_agent_down_then_back(
     for host in warm:
         assert stack.handshake(host).san == (host,)
 
+    start_cost = cli_start_seconds(stack.env)  # this machine's cost of starting the CLI now
     started = time.monotonic()
     stack.start_agent(wait=False)
     served_after = None
@@ -114,8 +115,9 @@ def test_agent_down_then_back(
                 break
         except OSError:  # the default certificate does not verify yet
             time.sleep(0.05)
-    print(f"agent restarted: cold host served after {served_after} s")
-    assert served_after is not None and served_after < 2.0
+    print(f"agent restarted: cold host served after {served_after} s (CLI: {start_cost:.2f} s)")
+    # within 1.5 s of what starting the CLI alone costs now (was < 2.0 s absolute)
+    assert served_after is not None and served_after < start_cost + 1.5, start_cost
 
     # The restarted agent adopted HAProxy's slots instead of loading duplicates.
     status = stack.status()

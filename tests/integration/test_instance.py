@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from certagent.testing import PKI, RedisFixture, certagent_argv, wait_for
+from certagent.testing import PKI, RedisFixture, certagent_argv, cli_start_seconds, wait_for
 from tests.integration.conftest import StackFactory
 
 pytestmark = pytest.mark.integration
@@ -23,6 +23,7 @@ def test_a_second_agent_exits_at_once_and_the_first_keeps_serving(
     assert stack.handshake("one.inst.test").san == ("one.inst.test",)
     first = stack.agent
     assert first is not None
+    start_cost = cli_start_seconds(stack.env)  # this machine's cost of starting the CLI now
     started = time.monotonic()
     second = subprocess.run(
         [*certagent_argv(), "run", "--config", str(stack.config_path)],
@@ -33,7 +34,9 @@ def test_a_second_agent_exits_at_once_and_the_first_keeps_serving(
     )
     took = time.monotonic() - started
     assert second.returncode == 1, second.stderr
-    assert took < 2.0
+    # "at once": it waits for nothing beyond starting Python (was < 2.0 s absolute, which a
+    # loaded machine's slower start alone could exceed)
+    assert took < start_cost + 1.0, (took, start_cost)
     assert f"another certagent (pid {first.pid}) already serves this HAProxy" in second.stderr
     # the first agent's socket is still there and it still loads new hosts
     assert os.path.exists(stack.settings.agent_socket)

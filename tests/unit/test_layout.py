@@ -14,11 +14,12 @@ MAX_LINES = 600
 # A layer may import only the layers listed for it (and itself); errors/config are the base.
 ALLOWED = {
     "certs": set(),
+    "acme": {"certs"},
     "runtime": {"certs"},
     "store": {"certs"},
     "api": {"certs", "store", "runtime"},
-    "service": {"certs", "runtime", "store", "api"},
-    "cli": {"certs", "runtime", "store", "api", "service"},
+    "service": {"certs", "acme", "runtime", "store", "api"},
+    "cli": {"certs", "acme", "runtime", "store", "api", "service"},
     "testing": {"certs", "runtime", "store"},
 }
 

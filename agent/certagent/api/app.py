@@ -25,6 +25,7 @@ from certagent.store.base import Store
 
 from .auth import TokenFile, bearer_token
 from .body import http_body_limit, upload_policy
+from .domains import domain_routes
 from .loaded import LoadedSlot
 from .problems import BadToken, MissingToken, problem_for, problem_for_http
 from .server import ProblemRunner, log_problem
@@ -34,7 +35,8 @@ __all__ = ["ApiServer", "make_app", "openapi_document", "start_api"]
 
 log = logging.getLogger(__name__)
 
-PUBLIC_ROUTES = frozenset(name for _, _, _, name, auth in routes if not auth)
+ROUTES = (*routes, *domain_routes)
+PUBLIC_ROUTES = frozenset(name for _, _, _, name, auth in ROUTES if not auth)
 #: How long aiohttp keeps reading (and discarding) the rest of a refused body, so the
 #: client sees the error instead of a reset connection.
 LINGER_SECONDS = 2.0
@@ -75,7 +77,7 @@ def make_app(
         openapi=openapi_document(),
         metrics=metrics or _no_metrics,
     )
-    for method, path, handler, name, _ in routes:
+    for method, path, handler, name, _ in ROUTES:
         app.router.add_route(method, path, handler, name=name, expect_handler=_expect)
     return app
 

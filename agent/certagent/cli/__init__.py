@@ -1,4 +1,4 @@
-"""The `certagent` command line: init, run, check, status, cert, keys, token."""
+"""The `certagent` command line: init, run, check, status, cert, keys, domain, token."""
 
 from certagent.cli.commands import main
 

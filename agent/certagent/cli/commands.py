@@ -19,6 +19,7 @@ from typing import Any
 from certagent import __version__, config
 from certagent.cli import logs
 from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
+from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domain_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
 from certagent.errors import AgentError, ConfigError
@@ -204,6 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     pt.add_argument("action", choices=["rotate"], help="rotate: a new key for the fleet now")
     pt.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     add_cert_commands(sub)
+    add_domain_commands(sub)
     add_token_commands(sub)
     return p
 
@@ -386,6 +388,8 @@ def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in CERT_COMMANDS:
         return run_cert_command(args)
+    if args.command == DOMAIN_COMMAND:
+        return run_domain_command(args)
     try:
         if args.command == "init":
             return _init(args)

@@ -23,6 +23,7 @@ from certagent.config import DualCerts
 from certagent.errors import AgentError, Busy, InvalidHostname
 from certagent.runtime.loader import Loader
 from certagent.service.flood import LookupBudget, UnknownNames
+from certagent.service.issuer import FirstConnection, Issuer
 from certagent.service.metrics import LatencyHistogram
 from certagent.service.namefilter import NameFilter
 from certagent.store.base import Store, StoredCertificate
@@ -59,6 +60,7 @@ class EnsureCounters:
     filtered: int = 0  # turned away by the name filter (certainly not in the store)
     wildcard_hits: int = 0  # covered by a wildcard already loaded: no lookup
     over_budget: int = 0  # admitted, but over the store-lookup budget: busy
+    issued: int = 0  # served with a certificate issued on this first connection
 
 
 class NegativeCache:
@@ -148,9 +150,14 @@ class Ensurer:
         names: NameFilter | None = None,
         budget: LookupBudget | None = None,
         max_hosts_per_wildcard: int = 10_000,
+        issuer: Issuer | None = None,
+        issue_wait: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        #: on-demand issuance for names the store lacks (None: they get "unknown")
+        self.issuer = issuer
+        self.issue_wait = issue_wait
         self.loader = loader
         self.negative = negative
         self.hold = hold
@@ -196,30 +203,33 @@ class Ensurer:
         if name in self.negative:
             self.counters.negative_hits += 1
             return Outcome.UNKNOWN
-        if (
+        absent = (
             self.names is not None
             and not self.names.may_hold(name)
             and not self._recheck.take()
-        ):
+        )
+        if absent and self.issuer is None:
             # Not in the store as far as the filter knows (neither the name nor its
             # wildcard): no lookup.  A few such names a second are looked up anyway
             # (``RECHECKS``): one written a moment ago by another process reaches the
             # filter only through the change feed.  Not negative-cached: once the feed
-            # adds it, the very next ask passes.
+            # adds it, the very next ask passes.  (With issuance on, such a name goes
+            # to the permission policy instead: :meth:`_load`.)
             self.counters.filtered += 1
             self.counters.unknown += 1
             self.unknown.note(name, looked_up=False)
             return Outcome.UNKNOWN
-        covered = await self._covered_by_loaded_wildcard(name)
-        if covered is not None:
-            return covered
+        if not absent:
+            covered = await self._covered_by_loaded_wildcard(name)
+            if covered is not None:
+                return covered
         pending = self._inflight.get(name)
         if pending is not None:
             return await asyncio.shield(pending)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._inflight[name] = future
         try:
-            outcome = await self._load(name, started)
+            outcome = await self._load(name, started, absent=absent)
         except BaseException:
             future.set_result(Outcome.ERROR)
             raise
@@ -293,17 +303,47 @@ class Ensurer:
             self.on_reload(hosts)
         return True
 
-    async def _load(self, name: str, started: float) -> Outcome:
+    async def _issued(self, name: str, started: float) -> tuple[StoredCertificate, ...]:
+        """Certificates the issuer got for ``name`` within ``issue_wait``; () if not allowed.
+
+        Busy (the fallback) when the name is allowed but no certificate came in time.
+        """
+        assert self.issuer is not None
+        wait = min(self.issue_wait, self.hold - (self._clock() - started))
+        result = await self.issuer.first_connection(name, wait)
+        if result == FirstConnection.DENIED:
+            return ()
+        if result == FirstConnection.PENDING:
+            raise Busy(f"no certificate for {name} within {wait:.1f}s; its issuance goes on")
+        self.counters.store_lookups += 1
+        found = choose_kinds(await self.store.lookup_all(name), self.dual_certs)
+        if not found:
+            raise Busy(f"{name} was issued but the store does not return it yet")
+        self.counters.issued += 1
+        return found
+
+    async def _load(self, name: str, started: float, *, absent: bool = False) -> Outcome:
+        """Look ``name`` up and load it; ``absent``: the name filter says the store lacks it.
+
+        With issuance on, a name the store lacks goes to the issuer, which waits
+        at most ``issue_wait`` for a certificate (then the fallback: ``busy``).
+        """
         try:
-            if self.budget is not None and not self.budget.take():
-                self.counters.over_budget += 1
-                raise Busy(f"store lookups over {self.budget.rate:.0f}/s; {name} not looked up")
-            self.counters.store_lookups += 1
-            found = choose_kinds(await self.store.lookup_all(name), self.dual_certs)
+            found: tuple[StoredCertificate, ...] = ()
+            if not absent:
+                if self.budget is not None and not self.budget.take():
+                    self.counters.over_budget += 1
+                    raise Busy(
+                        f"store lookups over {self.budget.rate:.0f}/s; {name} not looked up"
+                    )
+                self.counters.store_lookups += 1
+                found = choose_kinds(await self.store.lookup_all(name), self.dual_certs)
+            if not found and self.issuer is not None:
+                found = await self._issued(name, started)
             if not found:
                 self.negative.add(name)
                 self.counters.unknown += 1
-                self.unknown.note(name, looked_up=True)
+                self.unknown.note(name, looked_up=not absent)
                 return Outcome.UNKNOWN
             left = self.hold - (self._clock() - started)
             if left <= 0:

@@ -8,7 +8,8 @@ A caller asks for the role it uses, not for a kind of store:
 * a role that stores provide differently, or not at all, is an accessor on
   :class:`Store` returning the role's object, or None where the store has
   none: :meth:`Store.ticket_ring` (:class:`RingStore`), :meth:`Store.data_keys`
-  (:class:`DataKeys`), :meth:`Store.bulk` (:class:`BulkWriter`).
+  (:class:`DataKeys`), :meth:`Store.bulk` (:class:`BulkWriter`),
+  :meth:`Store.issuance` (:class:`~certagent.store.issuance.Issuance`).
 
 Implementations: :class:`~certagent.store.redis.RedisStore` and
 :class:`~certagent.store.directory.DirectoryStore`.  A wrapper that changes one
@@ -18,17 +19,26 @@ role wraps only that one (:class:`~certagent.store.view.StoreView`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts
 from certagent.certs.pem import CertBundle
 from certagent.certs.stored import StoredCertificate
 from certagent.certs.ticketkeys import TicketRing
-from certagent.errors import DuplicateCertificate, StoreError
+from certagent.store.issuance import Issuance
+from certagent.store.values import (
+    AddResult,
+    BulkResult,
+    CertRecord,
+    Change,
+    ChangeKind,
+    IdTaken,
+    Page,
+    PreparedRecord,
+)
 
 __all__ = [
     "AddResult",
@@ -40,6 +50,7 @@ __all__ = [
     "ChangeKind",
     "DataKeys",
     "IdTaken",
+    "Issuance",
     "Lifecycle",
     "OcspWriter",
     "Page",
@@ -51,74 +62,6 @@ __all__ = [
     "StoredCertificate",
     "Writer",
 ]
-
-
-# --- values --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CertRecord:
-    """A stored certificate's metadata.  Never carries key material (safe to return and log)."""
-
-    id: str
-    names: tuple[str, ...]
-    not_before: datetime
-    not_after: datetime
-    fingerprint_sha256: str
-    serial: str  # uppercase hex
-    key_type: str  # "ECDSA-P256", "RSA-2048", ...
-    version: int  # 1 on upload, +1 on every rotation
-    updated_at: datetime
-
-
-ChangeKind = Literal["put", "delete", "tls-keys"]
-
-
-@dataclass(frozen=True)
-class Change:
-    """One write to the store, as seen by every agent watching it.
-
-    ``names`` holds the record's names before *and* after the write, so an agent
-    can find every loaded host the write may affect.  ``tls-keys``: the fleet's
-    ticket-key ring rotated (no id, no names).
-    """
-
-    kind: ChangeKind
-    id: str
-    names: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Page:
-    records: tuple[CertRecord, ...]
-    cursor: str | None  # pass back to get the next page; None at the end
-
-
-@dataclass(frozen=True)
-class PreparedRecord:
-    """A new record ready to write (:class:`BulkWriter`): its metadata and its encoding.
-
-    ``payload`` is the store's own encoding of the record, its key encrypted:
-    safe to pass between processes and to keep in memory, and ``repr()``
-    leaves it out anyway.  ``expiry``: its notAfter in Unix seconds.
-    """
-
-    record: CertRecord
-    payload: bytes = field(repr=False)
-    expiry: float
-
-
-@dataclass(frozen=True)
-class IdTaken:
-    """The record's random id was already in use (1 in 2**64 per record): prepare it again."""
-
-    prepared: PreparedRecord
-
-
-#: One result per record of :meth:`BulkWriter.add_prepared`, in order.
-BulkResult = CertRecord | DuplicateCertificate | IdTaken | StoreError
-#: One result per bundle of :meth:`BulkWriter.add_many`, in order.
-AddResult = CertRecord | DuplicateCertificate | StoreError
 
 
 # --- the roles every store has ---------------------------------------------------------------
@@ -329,4 +272,11 @@ class Store(Reader, Writer, ChangeFeed, OcspWriter, Lifecycle, Protocol):
 
     def bulk(self) -> BulkWriter | None:
         """Many adds per round trip; None if this store adds records one by one."""
+        ...
+
+    def issuance(self) -> Issuance | None:
+        """What ACME issuance keeps in the store (:mod:`certagent.store.issuance`).
+
+        None if this store cannot keep it.
+        """
         ...

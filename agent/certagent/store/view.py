@@ -19,6 +19,7 @@ from certagent.store.base import (
     Change,
     ChangeFeed,
     DataKeys,
+    Issuance,
     OcspWriter,
     Page,
     Reader,
@@ -120,3 +121,6 @@ class StoreView:
 
     def bulk(self) -> BulkWriter | None:
         return None if self._writer is not self._store else self._store.bulk()
+
+    def issuance(self) -> Issuance | None:
+        return self._store.issuance()

@@ -155,6 +155,26 @@ def certagent_argv() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "certagent"]
 
 
+def cli_start_seconds(env: dict[str, str] | None = None) -> float:
+    """How long ``certagent run`` takes to start and exit on this machine now.
+
+    It imports what an agent imports, reads a config file that does not exist and
+    exits 1.  Tests that bound how fast an agent starts or refuses to start measure
+    this first and allow it on top, so a loaded machine's slow start is not a failure.
+    """
+    started = time.monotonic()
+    done = subprocess.run(
+        [*certagent_argv(), "run", "--config", "/nonexistent/certagent.toml"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 1 and "not found" in done.stderr, done.stderr
+    return took
+
+
 def unix_request(path: str, data: bytes, *, timeout: float = 5.0, line: bool = False) -> bytes:
     """Send ``data`` on a fresh unix-socket connection; read one line, or until EOF."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

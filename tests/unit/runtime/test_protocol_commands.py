@@ -1,4 +1,4 @@
-"""The command builders of runtime/protocol.py and the transaction, on recorded replies.
+"""The command builders of runtime/protocol/ and the transaction, on recorded replies.
 
 Replies are the ones HAProxy 2.6.12 (Debian 12) gives; the reply checks and parsers
 of single commands are in tests/unit/runtime/test_protocol.py.
@@ -20,6 +20,9 @@ LIST = "/etc/certagent/certagent.crtlist"
 PEM = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
 DER = b"\x30\x03\x0a\x01\x00"  # an OCSPResponse's outer bytes; the protocol never parses it
 
+MAP = "/etc/certagent/challenges.map"
+TOKEN = "LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0"
+KEYAUTH = TOKEN + ".9jg46WB3rR_AHD-EBXdN7cBkH1WOu0tA3M9fm21mqTI"
 CREATED = f"Transaction created for certificate {SLOT}!"
 COMMITTED = f"Committing {SLOT}.\nSuccess!"
 NO_TRANSACTION = "No ongoing transaction!"
@@ -49,6 +52,8 @@ ABORTED = f"Transaction aborted for certificate '{SLOT}'!"
         (protocol.show_marked("fe_sni"), b"show table fe_sni data.gpt0 gt 0\n"),
         (protocol.show_tls_keys("/k/tls.keys"), b"show tls-keys /k/tls.keys\n"),
         (protocol.set_tls_key("/k/tls.keys", "QUJD="), b"set ssl tls-key /k/tls.keys QUJD=\n"),
+        (protocol.add_map(MAP, TOKEN, KEYAUTH), f"add map {MAP} {TOKEN} {KEYAUTH}\n".encode()),
+        (protocol.del_map(MAP, TOKEN), f"del map {MAP} {TOKEN}\n".encode()),
     ],
 )
 def test_each_builder_spells_its_command(command: Command, line: bytes) -> None:
@@ -203,3 +208,37 @@ def test_a_locked_transaction_says_so() -> None:
 def test_a_transaction_needs_one_reply_per_command() -> None:
     with pytest.raises(ValueError, match="2 replies for 3"):
         Transaction(SLOT, PEM).check([CREATED, COMMITTED])
+
+
+def test_a_crtlist_line_with_options_goes_as_a_payload() -> None:
+    command = protocol.add_crtlist_line(LIST, "/certagent/chal-1.pem", "[alpn acme-tls/1]")
+    assert command.encode() == (
+        f"add ssl crt-list {LIST} <<\n/certagent/chal-1.pem [alpn acme-tls/1]\n\n".encode()
+    )
+    # answered like a plain line: one '.' per bind using the crt-list
+    reply = f"Inserting certificate '/certagent/chal-1.pem' in crt-list '{LIST}'.\nSuccess!"
+    protocol.check_add_crtlist(LIST, "/certagent/chal-1.pem", reply)
+
+
+@pytest.mark.parametrize(
+    "options", ["alpn acme-tls/1", "[alpn acme-tls/1]\nshow info", "[alpn x] [y]", "[alpn a;b]"]
+)
+def test_crtlist_options_are_one_bracketed_list_of_plain_words(options: str) -> None:
+    with pytest.raises(ValueError, match="unsafe crt-list options"):
+        protocol.add_crtlist_line(LIST, "/certagent/chal-1.pem", options)
+
+
+@pytest.mark.parametrize("key", ["a b", "a;b", "a\nb", "", "a'b"])
+def test_map_keys_and_values_are_plain_tokens(key: str) -> None:
+    with pytest.raises(ValueError, match="unsafe runtime-API argument"):
+        protocol.add_map(MAP, key, KEYAUTH).encode()
+    with pytest.raises(ValueError, match="unsafe runtime-API argument"):
+        protocol.add_map(MAP, TOKEN, key).encode()
+
+
+def test_map_replies() -> None:
+    protocol.check_empty("add map", "")  # success: nothing
+    with pytest.raises(CommandFailed):
+        protocol.check_empty("add map", "Unknown map identifier. Please use #<id> or <file>.")
+    assert protocol.check_del_map("del map", "") is True
+    assert protocol.check_del_map("del map", "Key not found.") is False

@@ -161,6 +161,10 @@ class DirectoryStore:
         """None: records are added one by one."""
         return None
 
+    def issuance(self) -> None:
+        """None until the issuance roles are kept here (:mod:`certagent.store.issuance`)."""
+        return None
+
     async def names(self) -> AsyncIterator[str]:
         """The names of every record, page by page (O(N); see Store.names)."""
         cursor: str | None = None

@@ -163,6 +163,10 @@ class RedisStore:
         """Many adds per round trip (``add_many``): :mod:`certagent.store.redis._bulk`."""
         return self._bulk
 
+    def issuance(self) -> None:
+        """None until the issuance roles are kept here (:mod:`certagent.store.issuance`)."""
+        return None
+
     # --- lifecycle ----------------------------------------------------------------------
 
     def describe(self) -> str:

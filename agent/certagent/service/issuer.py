@@ -1,0 +1,415 @@
+"""Certificates on demand: one ACME order per name across the fleet.
+
+:meth:`Issuer.first_connection` is asked by the ensure path for a name the store
+has no certificate for.  The name must pass the permission policy
+(:mod:`certagent.service.permission`); then one issuance runs per name on this
+agent (later connections join it), and across the fleet the store's lease makes
+sure one agent orders while the others wait for its result through the change
+feed.  The connection waits at most ``acme_wait`` seconds; past that it gets the
+fallback and the issuance goes on, so a later connection gets the certificate.
+
+One issuance (:meth:`Issuer._issue`), on the agent that holds the name's lease:
+
+1. the fleet's pause (a CA ``Retry-After``) and the name's backoff are respected:
+   no CA request before they end;
+2. the store is asked again (another agent may have finished meanwhile);
+3. one of the fleet's ``acme_concurrency`` order slots is taken (waiting for one);
+4. the order runs (:func:`certagent.acme.obtain_certificate`, challenges through
+   :class:`~certagent.service.challenges.FleetSolver`), one per key type, with a
+   new key each, the lease renewed meanwhile (a lost lease cancels the order);
+5. the certificate is validated like an upload and stored through the store's
+   write path, fenced by the lease (``add_issued``), marked ``acme``.
+
+A failure backs the name off for the whole fleet (exponential, from
+``acme_backoff_min`` to ``acme_backoff_max``), a 429 pauses the whole fleet for
+the CA's ``Retry-After``, and each failure is one WARNING line saying what the CA
+answered and when the next attempt may happen.
+
+Cost per first connection of an unknown name: the permission check (cached), one
+store read for the backoff, then awaiting the order; per order a fixed number of
+store writes and CA requests.  Nothing grows with the number of certificates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from certagent.acme import (
+    AccountDoesNotExist,
+    AcmeDeadline,
+    AcmeError,
+    AcmeProblem,
+    CaUnavailable,
+    ChallengeFailed,
+    ChallengeSolver,
+    RateLimited,
+    obtain_certificate,
+)
+from certagent.acme.csr import CertKeyType
+from certagent.certs.validate import UploadPolicy, validate_upload
+from certagent.errors import AgentError, CertificateError, DuplicateCertificate, LeaseLost
+from certagent.service.acmeaccount import AccountKeeper
+from certagent.service.metrics import LatencyHistogram
+from certagent.service.permission import Permission
+from certagent.store.base import Reader
+from certagent.store.issuance import Issuance, Lease
+
+log = logging.getLogger(__name__)
+
+#: How often a waiting issuance asks for one of the fleet's order slots.
+SLOT_POLL = 0.25
+
+
+class FirstConnection(StrEnum):
+    """What :meth:`Issuer.first_connection` found for the connection that asked."""
+
+    ISSUED = "issued"  # the store has a certificate for the name now: load it
+    DENIED = "denied"  # no policy allows it: never reaches the CA
+    PENDING = "pending"  # allowed, but no certificate within the wait (backing off, CA slow)
+
+
+@dataclass(frozen=True)
+class IssuerSettings:
+    key_types: tuple[CertKeyType, ...] = ("ecdsa",)
+    profile: str | None = None
+    concurrency: int = 10  # open orders in the whole fleet, at most
+    order_timeout: float = 60.0  # one order, from newOrder to the certificate
+    backoff_min: float = 10.0
+    backoff_max: float = 3600.0
+    policy: UploadPolicy = field(default_factory=UploadPolicy)
+
+    @property
+    def lease_seconds(self) -> float:
+        """A lease outlives one order's timeout; it is renewed every third of it."""
+        return self.order_timeout + 15.0
+
+
+@dataclass
+class IssuerCounters:
+    orders_started: int = 0
+    orders_valid: int = 0
+    orders_failed: int = 0
+    waited_elsewhere: int = 0  # first connections whose name another agent was issuing
+    fallbacks: int = 0  # first connections that got the fallback (pending past the wait)
+    failed_by_reason: Counter[str] = field(default_factory=Counter)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short label for a failed order (metrics' ``reason``)."""
+    if isinstance(exc, RateLimited):
+        return "rate-limited"
+    if isinstance(exc, CaUnavailable):
+        return "ca-unavailable"
+    if isinstance(exc, ChallengeFailed):
+        return "challenge"
+    if isinstance(exc, AcmeDeadline | TimeoutError):
+        return "timeout"
+    if isinstance(exc, AccountDoesNotExist):
+        return "account"
+    if isinstance(exc, AcmeProblem):
+        return "ca-refused"
+    if isinstance(exc, LeaseLost):
+        return "lease-lost"
+    if isinstance(exc, CertificateError):
+        return "bad-certificate"
+    return "error"
+
+
+def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
+    """Seconds to wait after ``failures`` failures in a row: doubling from ``low`` to ``high``.
+
+    ``rand`` in [0, 1) adds up to 10 % jitter, so a fleet does not retry in step.
+    """
+    base = min(high, low * 2.0 ** max(0, failures - 1))
+    return float(base * (1.0 + 0.1 * rand))
+
+
+class Issuer:
+    """The issuance of this agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        issuance: Issuance,
+        reader: Reader,
+        permission: Permission,
+        accounts: AccountKeeper,
+        solver: ChallengeSolver,
+        node: str,
+        settings: IssuerSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.issuance = issuance
+        self.reader = reader
+        self.permission = permission
+        self.accounts = accounts
+        self.solver = solver
+        self.node = node
+        self.settings = settings
+        self.counters = IssuerCounters()
+        self.wait_seconds = LatencyHistogram()  # first connection -> certificate stored
+        self._clock = clock
+        self._rand = rand
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stored: dict[str, asyncio.Event] = {}
+        self._elsewhere: set[str] = set()  # names whose lease another agent held at our try
+        self._local = asyncio.Semaphore(settings.concurrency)
+
+    # --- asked by the ensure path --------------------------------------------------------
+
+    async def first_connection(self, name: str, wait: float) -> FirstConnection:
+        """A connection for validated ``name`` (no certificate in the store) waits here.
+
+        At most ``wait`` seconds; the issuance it started goes on afterwards.
+        StoreError if the store cannot be asked.
+        """
+        started = time.monotonic()
+        decision = await self.permission.decide(name)
+        if not decision.allowed:
+            log.info("not issuing %s: %s", name, decision.reason or "no policy allows it")
+            return FirstConnection.DENIED
+        stored = self._stored.setdefault(name, asyncio.Event())
+        task = self.request(name)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, wait - (time.monotonic() - started))):
+                # this agent's issuance ends first, unless another agent issues the name:
+                # then its certificate arrives through the feed
+                waiting: list[asyncio.Future[object]] = [
+                    asyncio.ensure_future(stored.wait()),
+                    asyncio.shield(task),  # cancelling the shield leaves the issuance running
+                ]
+                try:
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for future in waiting:
+                        future.cancel()
+                if not stored.is_set() and name in self._elsewhere:
+                    self.counters.waited_elsewhere += 1
+                    await stored.wait()
+        if stored.is_set() or await self.reader.lookup_all(name):
+            self.wait_seconds.observe(time.monotonic() - started)
+            return FirstConnection.ISSUED
+        self.counters.fallbacks += 1
+        return FirstConnection.PENDING
+
+    def request(self, name: str) -> asyncio.Task[None]:
+        """Start issuing ``name`` (already allowed) unless this agent already is."""
+        task = self._tasks.get(name)
+        if task is None:
+            task = asyncio.create_task(self._run(name), name=f"issue {name}")
+            self._tasks[name] = task
+            task.add_done_callback(lambda _t: self._tasks.pop(name, None))
+        return task
+
+    def stored(self, names: Iterable[str]) -> None:
+        """The store has a new certificate for ``names`` (the change feed): wake waiters."""
+        for name in names:
+            event = self._stored.get(name)
+            if event is not None:
+                event.set()
+
+    # --- one issuance ----------------------------------------------------------------------
+
+    async def _run(self, name: str) -> None:
+        try:
+            await self._issue(name)
+        except AgentError as exc:
+            log.warning("issuing %s: %s", name, exc)
+        finally:
+            # waiters of a name nobody is issuing any more are let go; the event
+            # stays only while someone may still set it
+            event = self._stored.get(name)
+            if event is not None and event.is_set():
+                self._stored.pop(name, None)
+
+    async def _issue(self, name: str) -> None:
+        limits, locks = self.issuance.limits, self.issuance.locks
+        now = self._clock()
+        paused = await limits.paused_until()
+        if paused > now:
+            log.info("not ordering %s: the CA asked to wait %.0f s more", name, paused - now)
+            return
+        state = await limits.name_state(name)
+        if state is not None and state.not_before > now:
+            log.info(
+                "not ordering %s: %d failure(s), next attempt in %.0f s (last: %s)",
+                name,
+                state.failures,
+                state.not_before - now,
+                state.last_error,
+            )
+            return
+        lease = await locks.acquire(name, self.node, self.settings.lease_seconds)
+        if lease is None:
+            self._elsewhere.add(name)
+            return
+        self._elsewhere.discard(name)
+        try:
+            if await self.reader.lookup_all(name):
+                self.stored((name,))
+                return
+            async with self._local:
+                if not await self._take_slot(name, lease):
+                    return
+                try:
+                    await self._order(name, lease)
+                finally:
+                    await limits.free_order_slot(name)
+        finally:
+            await locks.release(lease)
+
+    async def _take_slot(self, name: str, lease: Lease) -> bool:
+        """One of the fleet's order slots, waiting for one while the lease lasts."""
+        while self._clock() < lease.expires_at - self.settings.order_timeout:
+            if await self.issuance.limits.take_order_slot(
+                name, self.settings.concurrency, self.settings.lease_seconds
+            ):
+                return True
+            await asyncio.sleep(SLOT_POLL)
+        log.warning("not ordering %s: the fleet's %d order slots stayed busy", name,
+                    self.settings.concurrency)
+        return False
+
+    async def _order(self, name: str, lease: Lease) -> None:
+        """Order, store and announce ``name``'s certificate(s); record a failure if any."""
+        self.counters.orders_started += 1
+        work = asyncio.create_task(self._obtain_and_store(name, lease))
+        keeper = asyncio.create_task(self._keep(lease, work))
+        try:
+            await work
+        except (AgentError, TimeoutError) as exc:
+            await self._failed(name, exc)
+            return
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+        self.counters.orders_valid += 1
+        await self.issuance.limits.clear_failures(name)
+        self.stored((name,))
+
+    async def _keep(self, lease: Lease, work: asyncio.Task[None]) -> None:
+        """Renew ``lease`` every third of its life; cancel ``work`` if it is lost."""
+        ttl = self.settings.lease_seconds
+        while not work.done():
+            await asyncio.sleep(ttl / 3)
+            try:
+                renewed = await self.issuance.locks.renew(lease, ttl)
+            except AgentError as exc:
+                log.warning("renewing the lease on %s: %s", lease.name, exc)
+                continue
+            if renewed is None:
+                log.warning("lost the lease on %s; stopping its order", lease.name)
+                work.cancel()
+                return
+
+    async def _obtain_and_store(self, name: str, lease: Lease) -> None:
+        client = await self.accounts.client()
+        for key_type in self.settings.key_types:
+            try:
+                issued = await obtain_certificate(
+                    client,
+                    [name],
+                    self.solver,
+                    key_type=key_type,
+                    profile=self.settings.profile,
+                    timeout=self.settings.order_timeout,
+                )
+            except AccountDoesNotExist:
+                client = await self.accounts.lost(client)
+                issued = await obtain_certificate(
+                    client,
+                    [name],
+                    self.solver,
+                    key_type=key_type,
+                    profile=self.settings.profile,
+                    timeout=self.settings.order_timeout,
+                )
+            bundle = validate_upload(
+                issued.chain_pem,
+                issued.key_pem,
+                now=datetime.now(UTC),
+                policy=self.settings.policy,
+            )
+            try:
+                record = await self.issuance.locks.add_issued(bundle, lease)
+            except DuplicateCertificate:
+                continue
+            log.info(
+                "issued %s: certificate %s (%s, serial %s, until %s) from %s",
+                name,
+                record.id,
+                record.key_type,
+                record.serial,
+                record.not_after.isoformat(),
+                issued.order_url,
+            )
+
+    async def _failed(self, name: str, exc: BaseException) -> None:
+        self.counters.orders_failed += 1
+        reason = failure_reason(exc)
+        self.counters.failed_by_reason[reason] += 1
+        now = self._clock()
+        state = await self.issuance.limits.name_state(name)
+        failures = (state.failures if state is not None else 0) + 1
+        delay = backoff_delay(
+            failures, self.settings.backoff_min, self.settings.backoff_max, self._rand()
+        )
+        retry_after = getattr(exc, "retry_after", None)
+        if isinstance(exc, RateLimited | CaUnavailable) and retry_after is not None:
+            delay = max(delay, float(retry_after))
+        if isinstance(exc, RateLimited):
+            until = now + (float(retry_after) if retry_after is not None else delay)
+            await self.issuance.limits.pause(until)
+        what = str(exc) if isinstance(exc, AcmeError | AgentError) else type(exc).__name__
+        await self.issuance.limits.record_failure(name, f"{reason}: {what}"[:500], now + delay)
+        log.warning(
+            "ordering a certificate for %s failed (%s): %s; failure %d in a row, next attempt"
+            " in %.0f s at the earliest",
+            name,
+            reason,
+            what,
+            failures,
+            delay,
+        )
+
+    # --- status and shutdown ----------------------------------------------------------------
+
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    def status(self) -> dict[str, object]:
+        counters = self.counters
+        return {
+            "pending": self.pending(),
+            "orders_started": counters.orders_started,
+            "orders_valid": counters.orders_valid,
+            "orders_failed": counters.orders_failed,
+            "failed_by_reason": dict(counters.failed_by_reason),
+            "waited_elsewhere": counters.waited_elsewhere,
+            "fallbacks": counters.fallbacks,
+            "wait_seconds": self.wait_seconds.snapshot(),
+            "account": self.accounts.status(),
+            "permission": {
+                "policies": self.permission.describe(),
+                **vars(self.permission.counters),
+                "cached": self.permission.cached(),
+            },
+        }
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self.accounts.close()
+        await self.permission.close()

@@ -1,0 +1,98 @@
+"""The values the store deals in: records, changes, pages, prepared records.
+
+Plain frozen dataclasses, no I/O; :mod:`certagent.store.base` re-exports them
+beside the roles that use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from certagent.errors import DuplicateCertificate, StoreError
+
+__all__ = [
+    "AddResult",
+    "BulkResult",
+    "CertRecord",
+    "Change",
+    "ChangeKind",
+    "IdTaken",
+    "Page",
+    "PreparedRecord",
+]
+
+
+# --- values --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CertRecord:
+    """A stored certificate's metadata.  Never carries key material (safe to return and log)."""
+
+    id: str
+    names: tuple[str, ...]
+    not_before: datetime
+    not_after: datetime
+    fingerprint_sha256: str
+    serial: str  # uppercase hex
+    key_type: str  # "ECDSA-P256", "RSA-2048", ...
+    version: int  # 1 on upload, +1 on every rotation
+    updated_at: datetime
+    managed: str = ""  # "acme": obtained by the agent from an ACME CA; "": uploaded
+
+
+ChangeKind = Literal["put", "delete", "tls-keys", "challenge", "domain"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One write to the store, as seen by every agent watching it.
+
+    ``names`` holds the record's names before *and* after the write, so an agent
+    can find every loaded host the write may affect.  ``tls-keys``: the fleet's
+    ticket-key ring rotated (no id, no names).  ``challenge``: an ACME challenge
+    answer was published or withdrawn (``id`` = its token, ``names`` = the name
+    being validated); ``domain``: a name was registered or unregistered
+    (``names`` = it; :mod:`certagent.store.issuance`).
+    """
+
+    kind: ChangeKind
+    id: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Page:
+    records: tuple[CertRecord, ...]
+    cursor: str | None  # pass back to get the next page; None at the end
+
+
+@dataclass(frozen=True)
+class PreparedRecord:
+    """A new record ready to write (:class:`BulkWriter`): its metadata and its encoding.
+
+    ``payload`` is the store's own encoding of the record, its key encrypted:
+    safe to pass between processes and to keep in memory, and ``repr()``
+    leaves it out anyway.  ``expiry``: its notAfter in Unix seconds.
+    """
+
+    record: CertRecord
+    payload: bytes = field(repr=False)
+    expiry: float
+
+
+@dataclass(frozen=True)
+class IdTaken:
+    """The record's random id was already in use (1 in 2**64 per record): prepare it again."""
+
+    prepared: PreparedRecord
+
+
+#: One result per record of :meth:`BulkWriter.add_prepared`, in order.
+BulkResult = CertRecord | DuplicateCertificate | IdTaken | StoreError
+#: One result per bundle of :meth:`BulkWriter.add_many`, in order.
+AddResult = CertRecord | DuplicateCertificate | StoreError
+
+
