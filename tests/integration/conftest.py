@@ -131,6 +131,8 @@ def make_stack(
         env: Mapping[str, str] | None = None,
         start: bool = True,
         init_args: Sequence[str] = (),
+        port: int | None = None,
+        address: str = "127.0.0.1",
     ) -> Stack:
         stack = Stack.create(
             tmp_path / f"stack{len(stacks)}",
@@ -141,6 +143,8 @@ def make_stack(
             fallback=fallback,
             env={"CERTAGENT_LOG_LEVEL": "debug", **(env or {})},
             init_args=init_args,
+            port=port,
+            address=address,
         )
         stacks.append(stack)
         if start:

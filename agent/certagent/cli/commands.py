@@ -101,10 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     pi.add_argument(
         "--hold",
         type=float,
-        default=5.0,
         metavar="SECONDS",
-        help="how long a new host's first connection may wait for its certificate (default 5);"
-        " haproxy.cfg's inspect-delay and Lua timeout are derived from it",
+        help="how long a new host's first connection may wait for its certificate (default 5;"
+        " 10 with --acme-directory); haproxy.cfg's inspect-delay and Lua timeout are derived"
+        " from it",
     )
     pi.add_argument(
         "--log",
@@ -167,6 +167,41 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="directory for the unix sockets (default DIR/run)",
+    )
+    acme = pi.add_argument_group(
+        "certificates on demand (ACME, docs/acme.md): a name the store lacks gets one from the CA"
+        " on its first connection, if the permission policy allows it"
+    )
+    acme.add_argument(
+        "--acme-directory",
+        metavar="URL",
+        help="the CA's ACME directory, e.g."
+        " https://acme-staging-v02.api.letsencrypt.org/directory; turns issuance on",
+    )
+    acme.add_argument("--acme-email", metavar="ADDR", help="the ACME account's contact address")
+    acme.add_argument(
+        "--acme-ca-file",
+        type=Path,
+        metavar="FILE",
+        help="CA certificates (PEM) trusted for the ACME server (a private or test CA)",
+    )
+    acme.add_argument(
+        "--ask",
+        metavar="URL",
+        help="permission endpoint: GET URL?domain=NAME, any 2xx allows (names registered with"
+        " 'certagent domain add' are always allowed)",
+    )
+    acme.add_argument(
+        "--http-bind",
+        metavar="ADDR:PORT",
+        help="where fe_http listens: HTTP-01 answers, and a redirect to https for the rest"
+        " (default: port 80 on --bind's address)",
+    )
+    acme.add_argument(
+        "--acme-challenge",
+        choices=("http-01", "tls-alpn-01"),
+        default="http-01",
+        help="how the CA validates a name (default http-01; tls-alpn-01 needs no port 80)",
     )
 
     pr = sub.add_parser(
@@ -368,6 +403,12 @@ def _init(args: argparse.Namespace) -> int:
             systemd=args.systemd,
             user=args.user,
             tls=tls,
+            acme_directory=args.acme_directory,
+            acme_email=args.acme_email,
+            acme_ca_file=args.acme_ca_file,
+            ask=args.ask,
+            http_bind=args.http_bind,
+            acme_challenge=args.acme_challenge,
         )
     )
     d = args.directory.absolute()

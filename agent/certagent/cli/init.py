@@ -16,6 +16,7 @@ import os
 import pwd
 import time
 from pathlib import Path
+from typing import Any
 
 from certagent import config
 from certagent.certs.keycrypt import KeyRing, generate_key_line
@@ -42,13 +43,21 @@ class InitOptions:
     backend: str | None = None  # host:port of the operator's HTTP backend; None = built-in 200
     run_dir: Path | None = None
     bufsize: int = 16384
-    hold: float = 5.0  # seconds a new host's connection may wait for its certificate
+    # seconds a new host's connection may wait for its certificate; None: 5, or ACME_HOLD
+    hold: float | None = None
     log: str = "stdout"  # where HAProxy logs: stdout, stderr, a syslog socket path, HOST:PORT
     data_key: Path | None = None  # join a fleet: its data-key file (Redis stores)
     force: bool = False  # overwrite haproxy.cfg, certagent.toml, ... written earlier
     systemd: bool = False  # also write unit files (DIR/systemd/)
     user: str | None = None  # HAProxy's and the agent's user, when HAProxy's master is root
     tls: TlsPolicy = INTERMEDIATE  # fe_tls's protocol versions, ciphers and curves (--tls ...)
+    # on-demand issuance (docs/acme.md): the CA's ACME directory URL turns it on
+    acme_directory: str | None = None
+    acme_email: str | None = None
+    acme_ca_file: Path | None = None  # CA certificates trusted for the ACME server
+    ask: str | None = None  # the permission endpoint (GET ?domain=NAME, 2xx allows)
+    http_bind: str | None = None  # fe_http (HTTP-01 answers); default: port 80 on --bind's
+    acme_challenge: str = "http-01"
 
 
 @dataclasses.dataclass
@@ -89,6 +98,7 @@ def init(opts: InitOptions) -> InitResult:
                 f"socket path {run_dir / sock} is too long for a unix socket; "
                 "pass a shorter --run-dir (e.g. /run/certagent)"
             )
+    acme = _acme_settings(opts, directory)
     ring: KeyRing | None = None
     if opts.data_key is not None:
         if store.kind != "redis":
@@ -115,10 +125,11 @@ def init(opts: InitOptions) -> InitResult:
         capacity=opts.capacity,
         fallback=opts.fallback,
         haproxy_bufsize=opts.bufsize,
-        hold=opts.hold,
+        hold=_hold(opts),
         key_file=str(key_path) if store.kind == "redis" else "",
         tls_keys_file=str(tickets_dir / "tls-ticket.keys"),
-    )  # validates capacity, fallback, hold, ...
+        **acme,
+    )  # validates capacity, fallback, hold, the issuance settings ...
     layout = HAProxyLayout(
         cfg_path=directory / "haproxy.cfg",
         lua_path=directory / "certagent.lua",
@@ -137,6 +148,9 @@ def init(opts: InitOptions) -> InitResult:
         user=opts.user,
         tls_keys=Path(settings.tls_keys_file),
         tls=opts.tls,
+        http_bind=_http_bind(opts) if settings.challenge_map else None,
+        challenge_map=Path(settings.challenge_map) if settings.challenge_map else None,
+        acme_alpn=settings.acme_directory != "" and settings.acme_challenge == "tls-alpn-01",
     )
     config_files: dict[Path, str] = {
         layout.cfg_path: render_haproxy_cfg(layout),
@@ -174,6 +188,8 @@ def init(opts: InitOptions) -> InitResult:
         # HAProxy needs the file to start; the agent puts the fleet's keys in it
         (Path(settings.tls_keys_file), keys_file(new_ring(time.time())), 0o600),
     ]
+    if settings.challenge_map:  # HAProxy loads it at start; the agent adds answers at runtime
+        once.append((Path(settings.challenge_map), b"", 0o644))
     if store.password:
         once.append((password_path, store.password.encode() + b"\n", 0o600))
     if store.sentinel_password:
@@ -200,6 +216,67 @@ def init(opts: InitOptions) -> InitResult:
     if store.sentinel_password:
         notes.append(f"sentinel password: {sentinel_path} (mode 0600), not in certagent.toml")
     return InitResult(settings, written, kept, kid, notes)
+
+
+#: ``--hold`` with issuance on, unless given: a first connection waits for its certificate
+#: (acme_wait) and then for its load; the Lua timeout and inspect-delay follow from it.
+ACME_HOLD = 10.0
+
+
+def _hold(opts: InitOptions) -> float:
+    if opts.hold is not None:
+        return opts.hold
+    return ACME_HOLD if opts.acme_directory else config.Settings.hold
+
+
+def _acme_settings(opts: InitOptions, directory: Path) -> dict[str, Any]:
+    """The issuance settings of ``opts`` (ConfigError if unusable); {} without --acme-directory."""
+    if not opts.acme_directory:
+        for given, flag in (
+            (opts.ask, "--ask"),
+            (opts.http_bind, "--http-bind"),
+            (opts.acme_email, "--acme-email"),
+            (opts.acme_ca_file, "--acme-ca-file"),
+        ):
+            if given:
+                raise ConfigError(f"{flag} is for on-demand issuance: add --acme-directory URL")
+        return {}
+    if not opts.acme_directory.startswith(("https://", "http://")):
+        raise ConfigError(
+            f"--acme-directory {opts.acme_directory[:100]!r}: expected the CA's directory URL,"
+            " e.g. https://acme-staging-v02.api.letsencrypt.org/directory"
+        )
+    if opts.ask is not None and not opts.ask.startswith(("https://", "http://")):
+        raise ConfigError(f"--ask {opts.ask[:100]!r}: expected a URL, e.g. http://127.0.0.1:9000/ask")
+    if opts.http_bind is not None:
+        _check_bind(opts.http_bind, "--http-bind")
+    ca_file = ""
+    if opts.acme_ca_file is not None:
+        if not opts.acme_ca_file.is_file():
+            raise ConfigError(f"--acme-ca-file {opts.acme_ca_file}: no such file")
+        ca_file = str(opts.acme_ca_file.absolute())
+    hold = _hold(opts)
+    return {
+        "acme_directory": opts.acme_directory,
+        "acme_email": opts.acme_email or "",
+        "acme_ca_file": ca_file,
+        "acme_ask": opts.ask or "",
+        "acme_registered": True,
+        "acme_challenge": opts.acme_challenge,
+        # the first connection waits for issuance, then its load: below hold, checked
+        "acme_wait": min(config.Settings.acme_wait, hold - 2 * config.ACME_LOAD_MARGIN),
+        "challenge_map": str(directory / "challenges.map")
+        if opts.acme_challenge == "http-01"
+        else "",
+    }
+
+
+def _http_bind(opts: InitOptions) -> str:
+    """``--http-bind``, or port 80 on the address of ``--bind``."""
+    if opts.http_bind is not None:
+        return opts.http_bind
+    host = opts.bind.rpartition(":")[0]
+    return f"{host}:80"
 
 
 def _key_file_text(ring: KeyRing) -> str:

@@ -41,6 +41,11 @@ class HAProxyLayout:
     user: str | None = None  # workers run as this user; it owns the unix sockets
     tls_keys: Path | None = None  # the fleet's session-ticket keys, kept by the agent
     tls: TlsPolicy = INTERMEDIATE  # protocol versions, ciphers and curves of fe_tls
+    # on-demand issuance: fe_http on this address answers HTTP-01 from the challenge map
+    # (and redirects everything else to https); TLS-ALPN-01 validations skip the Lua action
+    http_bind: str | None = None
+    challenge_map: Path | None = None
+    acme_alpn: bool = False
 
 @dataclass(frozen=True)
 class HAProxyNames:
@@ -98,6 +103,13 @@ def render_haproxy_cfg(layout: HAProxyLayout) -> str:
     else:
         app_backend = f"    server app {layout.backend}"
     lua_timeout_ms = round(layout.hold * 1000) + LUA_MARGIN_MS
+    acme_alpn_rule = (
+        "    # ACME TLS-ALPN-01: the CA's validation (it offers only acme-tls/1) goes straight\n"
+        "    # to fe_tls, where a challenge slot answers it; it never asks the agent\n"
+        "    tcp-request content accept if { req.ssl_hello_type 1 } { req.ssl_alpn acme-tls/1 }\n"
+        if layout.acme_alpn
+        else ""
+    )
     return Template(template("haproxy.cfg.tmpl")).substitute(
         cfg_path=layout.cfg_path,
         crt_list=layout.crt_list,
@@ -119,4 +131,28 @@ def render_haproxy_cfg(layout: HAProxyLayout) -> str:
         socket_owner=f" user {layout.user} group {layout.user}" if layout.user else "",
         tls_ticket_keys=f" tls-ticket-keys {layout.tls_keys}" if layout.tls_keys else "",
         tls_settings=tls_lines(layout.tls),
+        acme_alpn_rule=acme_alpn_rule,
+        http_frontend=_http_frontend(layout),
     )
+
+
+def _http_frontend(layout: HAProxyLayout) -> str:
+    """``fe_http``: ACME HTTP-01 answers from the challenge map, a redirect for the rest."""
+    if layout.http_bind is None or layout.challenge_map is None:
+        return ""
+    answer = f"path,field(4,/),map({layout.challenge_map})"
+    challenge = "{ path_beg /.well-known/acme-challenge/ }"
+    lines = [
+        "",
+        "frontend fe_http",
+        "    # ACME HTTP-01: certagent adds each challenge the fleet is validating to this map",
+        "    # at runtime, on every node; everything else goes to https",
+        "    mode http",
+        f"    bind {layout.http_bind}",
+        f'    http-request return status 200 content-type text/plain lf-string "%[{answer}]"'
+        f" if {challenge} {{ {answer} -m found }}",
+        '    http-request return status 404 content-type text/plain string "no such challenge\\n"'
+        f" if {challenge}",
+        "    http-request redirect scheme https code 301",
+    ]
+    return "\n".join(lines) + "\n"

@@ -72,7 +72,7 @@ class FleetSolver:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.board = board
-        self.challenge_types = tuple(challenge_types)
+        self.challenge_types: Sequence[str] = tuple(challenge_types)
         self.ack_wait = ack_wait
         self._clock = clock
         self.unacked = 0  # answers the CA was told to check before every node acked
@@ -142,6 +142,10 @@ class ChallengeResponder:
     @property
     def serving(self) -> int:
         return len(self._served)
+
+    def forget_served(self) -> None:
+        """A new HAProxy session holds none of our answers: :meth:`sync` answers all again."""
+        self._served.clear()
 
     async def sync(self) -> None:
         """Answer every live challenge on the board and drop the rest (start, reconnect).

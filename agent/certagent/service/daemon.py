@@ -24,6 +24,7 @@ from certagent.runtime.haproxycfg import HAProxyNames
 from certagent.runtime.loader import Loader
 from certagent.runtime.pool import SlotPool
 from certagent.runtime.usage import VictimChooser
+from certagent.service import ondemand
 from certagent.service.control import ControlServer
 from certagent.service.datakey import check_data_key
 from certagent.service.ensure import Ensurer, NegativeCache
@@ -94,6 +95,13 @@ class Agent:
         )
         negative = NegativeCache(settings.negative_ttl, settings.negative_cache_size)
         self.names = NameFilter()
+        lookups = LookupBudget(settings.lookup_rate, 2 * settings.lookup_rate)
+        # certificates on demand (acme_directory): for names the store lacks
+        self.ondemand = (
+            ondemand.build(settings, store, self.loader, lookups)
+            if settings.acme_directory
+            else None
+        )
         self.ensurer = Ensurer(
             store,
             self.loader,
@@ -103,8 +111,10 @@ class Agent:
             on_reload=self.rewarmer.start,
             on_loaded=on_loaded,
             names=self.names,
-            budget=LookupBudget(settings.lookup_rate, 2 * settings.lookup_rate),
+            budget=lookups,
             max_hosts_per_wildcard=settings.wildcard_hosts,
+            issuer=self.ondemand.issuer if self.ondemand else None,
+            issue_wait=settings.acme_wait,
         )
         self.tickets: TicketKeeper | None = None
         if settings.tls_keys_file:
@@ -120,6 +130,7 @@ class Agent:
             names=self.names,
             on_tickets=self.tickets.refresh_quietly if self.tickets else None,
             on_loaded=on_loaded,
+            on_issuance=self.ondemand.on_change if self.ondemand else None,
         )
         self.expiry = ExpiryWatch(store, settings.expiry_warning_days)
         self._build: tuple[Identity, HAProxyBuild] | None = None  # per worker, see status
@@ -136,9 +147,11 @@ class Agent:
         self.rewarmer.start(hosts)
 
     async def _new_session(self, client: RuntimeClient) -> None:
-        """Every new HAProxy session, after adoption: push the fleet's ticket keys."""
+        """Every new HAProxy session, after adoption: the fleet's ticket keys, challenge slots."""
         if self.tickets is not None:
             await self.tickets.sync(client)
+        if self.ondemand is not None:
+            await self.ondemand.session(client)
 
     async def rotate_ticket_keys(self) -> dict[str, Any]:
         """``certagent tls-keys rotate``: a new ring for the fleet now."""
@@ -190,6 +203,7 @@ class Agent:
             "tickets": None if self.tickets is None else self.tickets.status(),
             "expiry": self.expiry.status(),
             "ocsp_fetch": None if self.ocsp is None else self.ocsp.status(),
+            "issuance": None if self.ondemand is None else self.ondemand.status(),
             "load_seconds": self.ensurer.load_seconds.snapshot(),
         }
         if slots:
@@ -322,6 +336,10 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         tasks.append(asyncio.create_task(agent.ocsp.run(stop), name="ocsp-fetch"))
     if agent.tickets is not None:
         tasks.append(asyncio.create_task(agent.tickets.run(stop), name="ticket-keys"))
+    if agent.ondemand is not None:
+        tasks.append(
+            asyncio.create_task(agent.ondemand.responder.run(stop), name="challenge-responder")
+        )
 
     def supervise(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -356,6 +374,8 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
         agent.ensurer.unknown.flush()
         await agent.rewarmer.close()
+        if agent.ondemand is not None:
+            await agent.ondemand.close()
         await agent.loader.close()
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -106,6 +106,7 @@ class LiveUpdater:
         names: NameFilter | None = None,
         on_tickets: Callable[[], Awaitable[None]] | None = None,
         on_loaded: Callable[[str, tuple[StoredCertificate, ...]], None] | None = None,
+        on_issuance: Callable[[Change], Awaitable[None]] | None = None,
         unload_hold: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -118,6 +119,8 @@ class LiveUpdater:
         self.on_tickets = on_tickets
         #: told about every certificate swapped in (OCSP fetching): a host, the certificate
         self.on_loaded = on_loaded
+        #: told about new certificates (``put``), challenges and registrations (issuance)
+        self.on_issuance = on_issuance
         self.unload_hold = unload_hold
         self.counters = LiveCounters()
         self.position: str | None = None
@@ -162,11 +165,17 @@ class LiveUpdater:
         deleted_ids: set[str] = set()
         deleted_names: set[str] = set()
         tickets = False
+        issuance: list[Change] = []
         for change in changes:
             self.counters.changes += 1
             if change.kind == "tls-keys":
                 tickets = True
                 continue
+            if change.kind in ("challenge", "domain"):  # issuance's, not a certificate's
+                issuance.append(change)
+                continue
+            if change.kind == "put":
+                issuance.append(change)
             ids.add(change.id)
             names.update(change.names)
             if change.kind == "delete":
@@ -176,6 +185,9 @@ class LiveUpdater:
                 self.names.add(change.names)
         if tickets and self.on_tickets is not None:
             await self.on_tickets()
+        if self.on_issuance is not None:
+            for change in issuance:
+                await self._tell_issuance(change)
         if any(n.startswith("*.") for n in names):
             self.negative.clear()
         for name in names:
@@ -186,6 +198,15 @@ class LiveUpdater:
             if s.cert_id in ids or any(covers(n, h) for h in s.hosts for n in names)
         ]
         await self.reconcile(touched, Deleted(frozenset(deleted_ids), frozenset(deleted_names)))
+
+    async def _tell_issuance(self, change: Change) -> None:
+        """Hand a change to on-demand issuance; its failure never stops the feed."""
+        assert self.on_issuance is not None
+        try:
+            await self.on_issuance(change)
+        except AgentError as exc:
+            log.warning("issuance: applying the %s change for %s: %s", change.kind,
+                        " ".join(change.names) or change.id, exc)
 
     async def reconcile(self, slots: Iterable[Slot], deleted: Deleted = NOTHING_DELETED) -> None:
         """Bring ``slots`` in line with what the store says now for their hosts.

@@ -319,10 +319,13 @@ class RedisProcess:
 class HAProxyProcess:
     """``haproxy -W -db -f CFG`` (master-worker); CFG must have an admin ``stats socket``."""
 
-    def __init__(self, cfg: Path, admin_socket: str, port: int, log_path: Path) -> None:
+    def __init__(
+        self, cfg: Path, admin_socket: str, port: int, log_path: Path, address: str = "127.0.0.1"
+    ) -> None:
         self.cfg = cfg
         self.admin_socket = admin_socket
         self.port = port
+        self.address = address
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.worker_pids: set[int] = set()
@@ -351,7 +354,7 @@ class HAProxyProcess:
             if proc.poll() is not None:
                 raise StackError(f"HAProxy exited with {proc.returncode}:\n{self.log()[-3000:]}")
             pid = self.worker_pid()
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            with socket.create_connection((self.address, self.port), timeout=1):
                 pass
             return pid
 

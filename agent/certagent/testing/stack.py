@@ -80,6 +80,7 @@ class Stack:
     cafile: Path
     env: dict[str, str]
     log_dir: Path | None = None  # default: ``directory``
+    address: str = "127.0.0.1"  # where fe_sni listens (a loopback address)
     settings: config.Settings = field(init=False)
     default_der: bytes = field(init=False)  # the fallback certificate clients may get
     haproxy: HAProxyProcess = field(init=False)
@@ -95,7 +96,11 @@ class Stack:
         logs = self.log_dir or self.directory
         logs.mkdir(parents=True, exist_ok=True)
         self.haproxy = HAProxyProcess(
-            self.haproxy_cfg, self.settings.haproxy_socket, self.port, logs / "haproxy.log"
+            self.haproxy_cfg,
+            self.settings.haproxy_socket,
+            self.port,
+            logs / "haproxy.log",
+            self.address,
         )
 
     @classmethod
@@ -113,6 +118,7 @@ class Stack:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         init_args: Sequence[str] = (),
+        address: str = "127.0.0.1",
     ) -> Stack:
         """``certagent init`` into ``directory`` (loopback, a free port); nothing started.
 
@@ -127,7 +133,7 @@ class Stack:
             subprocess.run(
                 [
                     *certagent_argv(), "init", str(directory),
-                    "--bind", f"127.0.0.1:{port}",
+                    "--bind", f"{address}:{port}",
                     "--store", store,
                     "--capacity", str(capacity),
                     "--fallback", fallback,
@@ -152,7 +158,7 @@ class Stack:
         if key_file is not None:
             agent_env["CERTAGENT_KEY_FILE"] = str(key_file)
         agent_env.update(env or {})
-        stack = cls(directory, run_dir, port, cafile, agent_env, log_dir)
+        stack = cls(directory, run_dir, port, cafile, agent_env, log_dir, address)
         stack._owns_run_dir = owns_run_dir
         return stack
 
@@ -304,6 +310,17 @@ class Stack:
             check=False,
         )
 
+    def command(self, *words: str) -> subprocess.CompletedProcess[str]:
+        """``certagent <words...> --config <toml>``, e.g. ``("cert", "ls", "--json")``."""
+        return subprocess.run(
+            [*certagent_argv(), *words, "--config", str(self.config_path)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
     def agent_request(self, line: bytes, timeout: float = 10.0) -> bytes:
         return unix_request(self.settings.agent_socket, line, timeout=timeout, line=True)
 
@@ -338,10 +355,12 @@ class Stack:
 
     # clients
     def handshake(self, host: str, timeout: float = 5.0) -> tlsclient.CertInfo:
-        return tlsclient.handshake(self.port, host, self.cafile, timeout=timeout)
+        return tlsclient.handshake(
+            self.port, host, self.cafile, timeout=timeout, address=self.address
+        )
 
     def hello(self, sni: bytes | None, timeout: float = 5.0) -> bytes | None:
-        return tlsclient.raw_hello(self.port, sni, timeout=timeout)
+        return tlsclient.raw_hello(self.port, sni, timeout=timeout, address=self.address)
 
     def close(self) -> list[str]:
         """Stop the agent, then HAProxy, by PID; the list names what was running."""

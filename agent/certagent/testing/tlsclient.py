@@ -85,14 +85,15 @@ def handshake(
     *,
     context: ssl.SSLContext | None = None,
     timeout: float = 5.0,
+    address: str = LOOPBACK,
 ) -> CertInfo:
-    """A verified TLS handshake with ``127.0.0.1:port`` for ``host``; raises on failure."""
+    """A verified TLS handshake with ``address:port`` for ``host``; raises on failure."""
     if context is None:
         if cafile is None:
             raise ValueError("give cafile or context")
         context = client_context(cafile)
     with (
-        socket.create_connection((LOOPBACK, port), timeout=timeout) as sock,
+        socket.create_connection((address, port), timeout=timeout) as sock,
         context.wrap_socket(sock, server_hostname=host) as tls,
     ):
         der = tls.getpeercert(binary_form=True)
@@ -237,7 +238,9 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes | None:
     return data
 
 
-def raw_hello(port: int, sni: bytes | None, *, timeout: float = 5.0) -> bytes | None:
+def raw_hello(
+    port: int, sni: bytes | None, *, timeout: float = 5.0, address: str = LOOPBACK
+) -> bytes | None:
     """Send a hand-built ClientHello; return the DER of the server's first certificate.
 
     Returns None if the server closes the connection or sends an alert before
@@ -245,7 +248,7 @@ def raw_hello(port: int, sni: bytes | None, *, timeout: float = 5.0) -> bytes | 
     within ``timeout``.
     """
     deadline = time.monotonic() + timeout
-    with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+    with socket.create_connection((address, port), timeout=timeout) as sock:
         sock.sendall(build_client_hello(sni))
         messages = b""  # handshake-layer bytes, which may span records
         while True:
