@@ -6,22 +6,62 @@ roles' semantics are followed: ``add`` refuses a certificate already stored,
 NotFound, ``list`` pages by id with an opaque cursor.  Like a directory store
 it keeps its ticket ring in the file it is given and has neither data keys nor
 bulk adds.
+
+Every write is a change in :attr:`MemoryStore.events` (``put``, ``delete``, and the
+issuance roles' ``challenge`` and ``domain``), which :meth:`MemoryStore.changes`
+serves (positions are indexes into that list).  :meth:`MemoryStore.issuance` has
+every issuance role, with the Redis store's semantics (fencing tokens,
+``add_issued`` refused with LeaseLost unless its lease is current, entries that
+lapse) on the clock ``MemoryStore.clock`` (Unix seconds; replace it to move time):
+the in-memory roles of :mod:`certagent.store.localissuance`.  Several "nodes" share
+one MemoryStore as a fleet shares one Redis (``issuance_shared`` says what
+``Issuance.shared`` says).  With ``available`` False every call, issuance
+included, raises StoreUnavailable.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from certagent.certs import hostname
 from certagent.certs.ocsp import OcspFacts, check_for_chain
 from certagent.certs.pem import CertBundle
-from certagent.errors import DuplicateCertificate, NotFound, StoreUnavailable
+from certagent.errors import ChangesLost, DuplicateCertificate, NotFound, StoreUnavailable
 from certagent.store.base import CertRecord, Change, Page, StoredCertificate
 from certagent.store.directory import LocalRing
+from certagent.store.issuance import Issuance
+from certagent.store.localissuance import (
+    LocalBoard,
+    LocalLimits,
+    LocalLocks,
+    MemoryAccounts,
+    MemoryDomains,
+)
 from certagent.store.records import candidate_names
+
+
+class _Guarded:
+    """A role whose every call first checks that the store is available."""
+
+    def __init__(self, role: object, check: Callable[[], None]) -> None:
+        self._role = role
+        self._check = check
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._role, name)
+
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            self._check()
+            return await method(*args, **kwargs)
+
+        return guarded
 
 
 @dataclass
@@ -30,12 +70,26 @@ class MemoryStore:
     available: bool = True
     writes: int = 0
     ocsp: dict[str, bytes] = field(default_factory=dict)
+    events: list[Change] = field(default_factory=list)
+    #: Unix seconds now, for the issuance roles' expiries
+    clock: Callable[[], float] = time.time
+    issuance_shared: bool = True
+    _issuance: Issuance | None = field(default=None, repr=False)
+    _wake: asyncio.Event | None = field(default=None, repr=False)
+
+    def emit(self, change: Change) -> None:
+        """Append ``change`` to the feed and wake :meth:`changes`."""
+        self.events.append(change)
+        if self._wake is not None:
+            self._wake.set()
 
     def _check(self) -> None:
         if not self.available:
             raise StoreUnavailable("memory://: switched off by the test")
 
-    def _record(self, cert_id: str, bundle: CertBundle, version: int) -> CertRecord:
+    def _record(
+        self, cert_id: str, bundle: CertBundle, version: int, managed: str = ""
+    ) -> CertRecord:
         return CertRecord(
             id=cert_id,
             names=bundle.names,
@@ -46,6 +100,7 @@ class MemoryStore:
             key_type=bundle.key_type,
             version=version,
             updated_at=datetime.now(UTC),
+            managed=managed,
         )
 
     def _owner(self, fingerprint: str) -> str | None:
@@ -81,14 +136,18 @@ class MemoryStore:
         return (await self.add(bundle)).id
 
     async def add(self, bundle: CertBundle) -> CertRecord:
+        return await self._add(bundle, "")
+
+    async def _add(self, bundle: CertBundle, managed: str) -> CertRecord:
         self._check()
         owner = self._owner(bundle.fingerprint_sha256)
         if owner is not None:
             raise DuplicateCertificate(f"memory://: this certificate is already stored as {owner}")
         cert_id = bundle.fingerprint_sha256[:32]
-        record = self._record(cert_id, bundle, 1)
+        record = self._record(cert_id, bundle, 1, managed)
         self.records[cert_id] = (record, bundle)
         self.writes += 1
+        self.emit(Change("put", cert_id, record.names))
         return record
 
     async def replace(self, cert_id: str, bundle: CertBundle) -> CertRecord:
@@ -98,9 +157,11 @@ class MemoryStore:
         owner = self._owner(bundle.fingerprint_sha256)
         if owner is not None and owner != cert_id:
             raise DuplicateCertificate(f"memory://: this certificate is already stored as {owner}")
-        record = self._record(cert_id, bundle, self.records[cert_id][0].version + 1)
+        old = self.records[cert_id][0]
+        record = self._record(cert_id, bundle, old.version + 1)  # an upload: managed ""
         self.records[cert_id] = (record, bundle)
         self.writes += 1
+        self.emit(Change("put", cert_id, tuple(dict.fromkeys((*record.names, *old.names)))))
         return record
 
     async def delete(self, cert_id: str) -> CertRecord:
@@ -108,7 +169,9 @@ class MemoryStore:
         if cert_id not in self.records:
             raise NotFound(f"memory://: no certificate {cert_id!r}")
         self.writes += 1
-        return self.records.pop(cert_id)[0]
+        record = self.records.pop(cert_id)[0]
+        self.emit(Change("delete", cert_id, record.names))
+        return record
 
     async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
         self._check()
@@ -117,6 +180,7 @@ class MemoryStore:
         facts = check_for_chain(self.records[cert_id][1].pem, der, now)
         self.ocsp[cert_id] = der
         self.writes += 1
+        self.emit(Change("put", cert_id, self.records[cert_id][0].names))
         return facts
 
     async def get(self, cert_id: str) -> CertRecord | None:
@@ -146,7 +210,19 @@ class MemoryStore:
         return Page(page, page[-1].id if len(matching) > limit else None)
 
     async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
-        return (), "0"
+        """:attr:`events` after position ``after`` (an index), waiting up to ``timeout`` s."""
+        self._check()
+        if after is None:
+            return (), str(len(self.events))
+        if not after.isdigit() or int(after) > len(self.events):
+            raise ChangesLost(f"memory://: {after[:40]!r} is not a position of this feed")
+        start = int(after)
+        if start == len(self.events) and timeout > 0:
+            self._wake = self._wake or asyncio.Event()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+        return tuple(self.events[start:]), str(len(self.events))
 
     async def ping(self) -> None:
         self._check()
@@ -166,5 +242,21 @@ class MemoryStore:
     def bulk(self) -> None:
         return None
 
-    def issuance(self) -> None:
-        return None
+    def issuance(self) -> Issuance:
+        if self._issuance is None:
+
+            def now() -> float:
+                return self.clock()
+
+            def guard(role: object) -> Any:
+                return _Guarded(role, self._check)
+
+            self._issuance = Issuance(
+                accounts=guard(MemoryAccounts(now)),
+                locks=guard(LocalLocks(self._add, now)),
+                challenges=guard(LocalBoard(self.emit, now)),
+                domains=guard(MemoryDomains(self.emit, now)),
+                limits=guard(LocalLimits(now)),
+                shared=self.issuance_shared,
+            )
+        return self._issuance

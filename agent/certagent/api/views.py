@@ -70,6 +70,7 @@ def record_json(record: CertRecord) -> dict[str, object]:
         "key_type": record.key_type,
         "version": record.version,
         "updated_at": _iso(record.updated_at),
+        "managed": record.managed,
     }
 
 

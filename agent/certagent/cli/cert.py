@@ -362,16 +362,17 @@ def _print_record(record: Record) -> None:
         ("sha256", record["fingerprint_sha256"]),
         ("version", record["version"]),
         ("updated at", record["updated_at"]),
+        ("managed", record.get("managed") or "-"),
     ]
     for label, value in rows:
         print(f"{label:<12} {value}")
 
 
 def _print_table(records: list[Record]) -> None:
-    print(f"{'ID':<32}  {'NOT AFTER':<20}  {'VER':>3}  {'KEY':<10}  NAMES")
+    print(f"{'ID':<32}  {'NOT AFTER':<20}  {'VER':>3}  {'KEY':<10}  {'MANAGED':<7}  NAMES")
     for r in records:
         print(
             f"{r['id']:<32}  {r['not_after']:<20}  {r['version']:>3}  {r['key_type']:<10}"
-            f"  {' '.join(r['names'])}"
+            f"  {r.get('managed') or '-':<7}  {' '.join(r['names'])}"
         )
     print(f"{len(records)} certificate{'s' if len(records) != 1 else ''}", file=sys.stderr)

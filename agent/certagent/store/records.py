@@ -34,9 +34,17 @@ log = logging.getLogger(__name__)
 
 
 def make_record(
-    cert_id: str, facts: CertBundle | LeafInfo, *, version: int, updated_at: datetime
+    cert_id: str,
+    facts: CertBundle | LeafInfo,
+    *,
+    version: int,
+    updated_at: datetime,
+    managed: str = "",
 ) -> CertRecord:
-    """The metadata of a record holding the certificate described by ``facts``."""
+    """The metadata of a record holding the certificate described by ``facts``.
+
+    ``managed``: ``"acme"`` for a certificate the agent obtained, ``""`` for an upload.
+    """
     return CertRecord(
         id=cert_id,
         names=facts.names,
@@ -47,6 +55,7 @@ def make_record(
         key_type=facts.key_type,
         version=version,
         updated_at=updated_at,
+        managed=managed,
     )
 
 

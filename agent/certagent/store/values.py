@@ -55,7 +55,8 @@ class Change:
     ticket-key ring rotated (no id, no names).  ``challenge``: an ACME challenge
     answer was published or withdrawn (``id`` = its token, ``names`` = the name
     being validated); ``domain``: a name was registered or unregistered
-    (``names`` = it; :mod:`certagent.store.issuance`).
+    (``id`` and ``names`` = it; :mod:`certagent.store.issuance`).  Consumers
+    ignore the kinds they do not handle.
     """
 
     kind: ChangeKind

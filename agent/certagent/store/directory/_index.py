@@ -236,14 +236,20 @@ class ChangeLog:
         return seq
 
     def since(self, seq: int) -> tuple[Change, ...]:
-        """The changes after ``seq``, one per record (names merged, last kind), by record id."""
-        merged: dict[str, tuple[ChangeKind, dict[str, None]]] = {}
+        """The changes after ``seq``, one per record (names merged, last kind), by record id.
+
+        Records (``put``/``delete``) and the issuance changes (``challenge``,
+        ``domain``: :mod:`certagent.store.issuance`) are merged apart, each by its id.
+        """
+        merged: dict[tuple[str, str], tuple[ChangeKind, dict[str, None]]] = {}
         for number, change in reversed(self._log):
             if number <= seq:
                 break
-            _, names = merged.setdefault(change.id, (change.kind, {}))
+            group = change.kind if change.kind in ("challenge", "domain") else ""
+            key = (group, change.id)
+            _, names = merged.setdefault(key, (change.kind, {}))
             names.update(dict.fromkeys(change.names))
         return tuple(
             Change(kind, record, tuple(sorted(names)))
-            for record, (kind, names) in sorted(merged.items())
+            for (_, record), (kind, names) in sorted(merged.items())
         )

@@ -30,6 +30,7 @@ from certagent.store.directory import _files
 from certagent.store.directory._files import atomic_write, exclusive_write, fsync_dir, signature
 from certagent.store.directory._index import FULLCHAIN, LIVE, file_stem, lineage_id, name_of_stem
 from certagent.store.directory._scan import alias_target, list_live, list_root
+from certagent.store.directory._state import drop_mark, read_mark, write_mark
 from certagent.store.records import make_record
 
 __all__ = ["Records", "spellings"]
@@ -72,7 +73,10 @@ class Records:
         return self.read_record(cert_id, path)
 
     def read_record(self, cert_id: str, path: Path) -> CertRecord | None:
-        """The metadata of the record at ``path`` (its first certificate); None if absent."""
+        """The metadata of the record at ``path`` (its first certificate); None if absent.
+
+        ``managed`` is its mark's (:mod:`._state`) if the mark is about this leaf.
+        """
         try:
             data, mtime = _files.read_regular(path, f"{self.uri}: {cert_id!r}")
         except (FileNotFoundError, NotADirectoryError):
@@ -83,8 +87,13 @@ class Records:
             info = parse_leaf(data)
         except CertificateError as exc:
             raise StoreCorrupt(f"{self.uri}: record {cert_id!r} is not valid: {exc}") from exc
+        managed = "" if "/" in cert_id else read_mark(self.root, cert_id, info.fingerprint_sha256)
         return make_record(
-            cert_id, info, version=1, updated_at=datetime.fromtimestamp(mtime, UTC)
+            cert_id,
+            info,
+            version=1,
+            updated_at=datetime.fromtimestamp(mtime, UTC),
+            managed=managed,
         )
 
     def ids(self) -> list[str]:
@@ -125,24 +134,43 @@ class Records:
                     return relative
         return None
 
-    def add(self, bundle: CertBundle) -> CertRecord:
+    def add(self, bundle: CertBundle, managed: str = "") -> CertRecord:
+        """Write ``<first name>.pem`` and its aliases; with ``managed``, its mark first.
+
+        The mark (:mod:`._state`) goes first so that no reader sees the file
+        without it; if the file cannot be written, the mark is taken back (only
+        if it is still about this leaf: a concurrent writer's stays).
+        """
         name = bundle.names[0]
         cert_id = f"{file_stem(name)}.pem"
         holder = self.holder(name)
         if holder is not None:
             raise self._duplicate(name, holder)
         try:
+            if managed:
+                write_mark(self.root, cert_id, managed, bundle.fingerprint_sha256)
             try:
                 exclusive_write(self.root, cert_id, bundle.pem)
-            except FileExistsError:
-                raise self._duplicate(name, cert_id) from None
+            except BaseException:
+                if managed:
+                    drop_mark(self.root, cert_id, bundle.fingerprint_sha256)
+                raise
+        except FileExistsError:
+            raise self._duplicate(name, cert_id) from None
+        except OSError as exc:
+            raise StoreUnavailable(f"{self.uri}: cannot write {cert_id!r}: {exc.strerror}") from exc
+        try:
             self._link_aliases(cert_id, [n for n in bundle.names if n != name])
             fsync_dir(self.root)
             mtime = os.stat(self.root / cert_id).st_mtime
         except OSError as exc:
             raise StoreUnavailable(f"{self.uri}: cannot write {cert_id!r}: {exc.strerror}") from exc
         return make_record(
-            cert_id, bundle, version=1, updated_at=datetime.fromtimestamp(mtime, UTC)
+            cert_id,
+            bundle,
+            version=1,
+            updated_at=datetime.fromtimestamp(mtime, UTC),
+            managed=managed,
         )
 
     def _duplicate(self, name: str, holder: str) -> DuplicateCertificate:
@@ -179,7 +207,10 @@ class Records:
         return name, path
 
     def replace(self, cert_id: str, bundle: CertBundle) -> tuple[CertRecord, set[str]]:
-        """Rewrite ``cert_id``; the record and the alias files removed."""
+        """Rewrite ``cert_id``; the record and the alias files removed.
+
+        An upload replacing an issued record takes it over: its mark goes.
+        """
         name, _ = self._writable(cert_id)
         if name not in bundle.names:
             raise CertificateError(
@@ -189,6 +220,7 @@ class Records:
         removed: set[str] = set()
         try:
             atomic_write(self.root, cert_id, bundle.pem)
+            drop_mark(self.root, cert_id)
             aliases = self.aliases_of(cert_id)
             for alias_name, alias in aliases.items():
                 if alias_name not in bundle.names:
@@ -219,6 +251,7 @@ class Records:
                     os.unlink(self.root / alias)
                 removed.add(alias)
             os.unlink(path)
+            drop_mark(self.root, cert_id)
             fsync_dir(self.root)
         except FileNotFoundError:
             raise NotFound(f"{self.uri}: no certificate {cert_id!r}") from None

@@ -36,6 +36,11 @@ exists.  A lookup through an alias reports the record's id.  Certbot's
 plaintext PEM on disk (mode 0600).  ``version`` is always 1 and ``updated_at``
 is the file's mtime.  Paths are built only from names that passed
 :func:`certagent.certs.hostname.normalise` or from ids checked the same way.
+
+:meth:`DirectoryStore.issuance` is one node's (:mod:`._issuance`): the ACME
+account, the registered names and the marks of the records the agent obtained
+(``managed``) are kept in ``<root>/.certagent/`` (:mod:`._state`), which lookups,
+listings and the change watcher never read; the rest is in memory.
 """
 
 from __future__ import annotations
@@ -56,10 +61,11 @@ from certagent.certs import hostname
 from certagent.certs.ocsp import OcspFacts, check_for_chain
 from certagent.certs.pem import CertBundle
 from certagent.errors import NotFound, StoreCorrupt, StoreError, StoreUnavailable
-from certagent.store.base import CertRecord, Change, Page, StoredCertificate
+from certagent.store.base import CertRecord, Change, Issuance, Page, StoredCertificate
 from certagent.store.directory import _files
 from certagent.store.directory._files import ocsp_path
 from certagent.store.directory._index import FULLCHAIN, LIVE, PRIVKEY, file_stem
+from certagent.store.directory._issuance import directory_issuance
 from certagent.store.directory._records import Records, spellings
 from certagent.store.directory._scan import alias_target
 from certagent.store.directory._threads import DaemonExecutor
@@ -122,7 +128,7 @@ class DirectoryStore:
 
     What it offers beyond the method roles: a ticket ring of this node only
     (:class:`LocalRing`), no data keys (private keys are files, mode 0600), no
-    bulk adds.
+    bulk adds, issuance for this node only.
     """
 
     def __init__(
@@ -141,6 +147,9 @@ class DirectoryStore:
         self._records = Records(root, self._uri)
         self._pool: DaemonExecutor | None = None
         self._watcher: DirWatcher | None = None
+        self._issuance = directory_issuance(
+            root, self._uri, self._run_state, self._add_managed, self._publish
+        )
 
     @property
     def root(self) -> Path:
@@ -161,9 +170,13 @@ class DirectoryStore:
         """None: records are added one by one."""
         return None
 
-    def issuance(self) -> None:
-        """None until the issuance roles are kept here (:mod:`certagent.store.issuance`)."""
-        return None
+    def issuance(self) -> Issuance:
+        """This node's issuance roles (:mod:`._issuance`): not shared (``shared`` False).
+
+        The account and the registrations in ``<root>/.certagent/``; leases,
+        challenges, acknowledgements, heartbeats and limits in memory.
+        """
+        return self._issuance
 
     async def names(self) -> AsyncIterator[str]:
         """The names of every record, page by page (O(N); see Store.names)."""
@@ -248,6 +261,16 @@ class DirectoryStore:
                 poll_interval=self._poll_interval,
             )
         return self._watcher
+
+    async def _run_state(self, what: str, call: Callable[[], T]) -> T:
+        """``call()`` on a worker thread, with a write's time limit (``.certagent/``)."""
+        return await self._run(what, call, WRITE_TIMEOUT)
+
+    def _publish(self, change: Change) -> None:
+        """An issuance change into the feed, if this event loop's feed is running."""
+        watcher = self._watcher
+        if watcher is not None and watcher.loop is asyncio.get_running_loop():
+            watcher.publish([change])
 
     def _touch(self, files: Iterable[str], lineages: Iterable[str] = ()) -> None:
         """The store wrote ``files``: the change feed looks at them now, whatever its mode."""
@@ -482,15 +505,22 @@ class DirectoryStore:
         return facts
 
     async def add(self, bundle: CertBundle) -> CertRecord:
+        return await self._add_managed(bundle, "")
+
+    async def _add_managed(self, bundle: CertBundle, managed: str) -> CertRecord:
+        """``add``; ``managed`` (``add_issued``) is kept in the record's mark (:mod:`._state`)."""
         record = await self._run(
-            "adding a certificate", functools.partial(self._records.add, bundle), WRITE_TIMEOUT
+            "adding a certificate",
+            functools.partial(self._records.add, bundle, managed),
+            WRITE_TIMEOUT,
         )
         self._touch([record.id, *(f"{file_stem(n)}.pem" for n in bundle.names)])
         log.info(
-            "stored certificate %s for %s (sha256 %s) in %s",
+            "stored certificate %s for %s (sha256 %s%s) in %s",
             record.id,
             " ".join(bundle.names),
             bundle.fingerprint_sha256,
+            f", {managed}" if managed else "",
             self._uri,
         )
         return record

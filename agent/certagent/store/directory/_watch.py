@@ -168,6 +168,10 @@ class DirWatcher:
         if self._dirty:
             self._wake.set()
 
+    def publish(self, changes: Sequence[Change]) -> None:
+        """Changes the store made that no file shows (issuance): into the log as they are."""
+        self._emit(list(changes), False)
+
     async def close(self) -> None:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -10,7 +10,9 @@ a reader never finds a name pointing at a missing or half-written record:
 * **add**: the record's hash (written whole by one script, only if the id is
   free) -> claim ``fp:`` (compare-and-set; a loser deletes its hash and reports
   the duplicate) -> the name sets -> ``ids`` + ``expiry`` + the ``put`` event
-  (one MULTI on ``{global}``: the commit point);
+  (one MULTI on ``{global}``: the commit point); a **fenced add** (``add_issued``)
+  commits with :data:`FENCED_COMMIT` instead, one script on ``{global}`` that
+  checks the issuance lease (also on ``{global}``) first;
 * **replace**: claim the new ``fp:`` -> the hash replaced whole by one script,
   only if its ``version`` is still the one read (optimistic locking, as WATCH
   does on one Redis), which also keeps the names it drops in ``names_dropped``
@@ -80,9 +82,18 @@ from certagent.store.redis._records import (
     pack,
     parse_names,
 )
-from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Stored, duplicate
+from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Fence, Stored, duplicate
 
-__all__ = ["CLAIM", "LOCK_SECONDS", "RELEASE", "REPLACE", "SET_IF", "WRITE_NEW", "ClusterWriter"]
+__all__ = [
+    "CLAIM",
+    "FENCED_COMMIT",
+    "LOCK_SECONDS",
+    "RELEASE",
+    "REPLACE",
+    "SET_IF",
+    "WRITE_NEW",
+    "ClusterWriter",
+]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +151,19 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'names_dropped', ARGV[2]) end
 return 1
 """
 )
+#: The commit point of a fenced add (``add_issued``), on ``{global}``.  KEYS[1] the lease,
+#: 2 ``ids``, 3 ``expiry``, 4 ``events``; ARGV[1] the lease's value expected, 2 the id, 3 the
+#: expiry score, 4 the stream's MAXLEN, 5 the event's names.  ``{1}`` committed, else
+#: ``{0, holder}`` (nothing written; holder absent when no node holds the lease).
+FENCED_COMMIT = """
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] then return {0, holder} end
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*',
+  'kind', 'put', 'id', ARGV[2], 'names', ARGV[5])
+return {1}
+"""
 #: KEYS[1] a record; ARGV[1] field, ARGV[2] value expected, ARGV[3] field, ARGV[4] value.
 #: Sets field ARGV[3] (or deletes it when ARGV[4] is '') if ARGV[1] still holds ARGV[2].
 SET_IF = """
@@ -165,10 +189,60 @@ class ClusterWriter:
 
     # --- add --------------------------------------------------------------------------
 
-    async def add(self, prepared: PreparedRecord) -> AddOutcome:
-        """One new record: :meth:`add_batch` of one."""
+    async def add(self, prepared: PreparedRecord, fence: Fence | None = None) -> AddOutcome:
+        """One new record: :meth:`add_batch` of one, or :meth:`_add_fenced`."""
+        if fence is not None:
+            return await self._add_fenced(prepared, fence)
         (outcome,) = await self.add_batch([prepared])
         return outcome
+
+    async def _add_fenced(self, prepared: PreparedRecord, fence: Fence) -> AddOutcome:
+        """An add whose commit (:data:`FENCED_COMMIT`) checks the lease in the same script.
+
+        The steps of an add, the last one fenced.  If the lease is gone at the
+        commit, the name sets, the fingerprint and the hash are taken back
+        (in that order) and the record was never in ``ids`` nor in the feed.
+        The caller made the lease last the write out first
+        (:data:`~certagent.store.issuing.HOLD_SECONDS`), so this happens only
+        if the lease key itself was lost (a failover to a replica without it);
+        until the names are taken back, a lookup may find the record through
+        them, as during any add between its third step and its commit.
+        """
+        keys, record = self._keys, prepared.record
+        fp, cert_key = keys.fingerprint(record.fingerprint_sha256), keys.cert(record.id)
+        owner = to_text(await self._client.get(fp))
+        if owner:
+            sha = to_bytes(await self._client.hget(keys.cert(owner), F_SHA256))
+            if sha == record.fingerprint_sha256.encode("ascii"):
+                return Stored(owner)
+        if await self._client.eval(WRITE_NEW, 1, cert_key, prepared.payload) == 0:
+            return IdTaken(prepared)
+        claimed = await self._client.eval(CLAIM, 1, fp, owner, record.id)
+        if claimed != 1:
+            await self._client.delete(cert_key)
+            return Stored(to_text(claimed))
+        names = list(dict.fromkeys(record.names))
+        await self._run([("sadd", keys.name(n), record.id) for n in names])
+        reply = await self._client.eval(
+            FENCED_COMMIT,
+            4,
+            fence.key,
+            keys.ids(),
+            keys.expiry(),
+            keys.events(),
+            fence.value,
+            record.id,
+            repr(prepared.expiry),
+            str(self._maxlen),
+            " ".join(names),
+        )
+        if isinstance(reply, list) and reply and reply[0] == 1:
+            return record
+        await self._run([("srem", keys.name(n), record.id) for n in names])
+        await self._client.eval(RELEASE, 1, fp, record.id)
+        await self._client.delete(cert_key)
+        holder = reply[1] if isinstance(reply, list) and len(reply) > 1 else None
+        return fence.lost(to_bytes(holder))
 
     async def add_batch(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
         """Add new records (fresh ids), in order; a leaf stored already gives Stored."""

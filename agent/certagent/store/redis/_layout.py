@@ -18,6 +18,8 @@ Key layout (``prefix`` defaults to ``certagent:``; all values are bytes)::
                                   version             1 on add, + 1 on every replace
                                   updated_at          ISO 8601 UTC
                                   ocsp                the DER OCSP response to staple (optional)
+                                  managed             "acme": obtained by the agent (absent for
+                                                      an upload, and after a replace)
                                   names_dropped       (a cluster only) names a replace dropped,
                                                       until they are out of their name sets
     {prefix}name:{name}   SET     ids of the records with that name (an ECDSA and an RSA one)
@@ -30,10 +32,31 @@ Key layout (``prefix`` defaults to ``certagent:``; all values are bytes)::
                                   keycrypt tokens (aad = tls-ticket-key), oldest first
     {prefix}tls:lock      STRING  held (SET NX PX) by the agent rotating the ring
     {prefix}lock:{id}     STRING  (a cluster only) held (SET NX PX) by the agent writing record id
+
+The issuance roles (:mod:`certagent.store.issuance`; all on the ``{global}`` slot of a
+cluster, so that one script or MULTI covers a lease and a record's commit)::
+
+    {prefix}acme:account:{h}      HASH    the account of the CA whose directory URL has
+                                          SHA-256 h (32 hex digits): directory, key (keycrypt,
+                                          aad "acme-account <directory>"), url, contact (JSON
+                                          list), updated_at
+    {prefix}acme:lease:{name}     STRING  "<token> <node>", PX the lease's TTL
+    {prefix}acme:fence            STRING  the last fencing token handed out (INCR)
+    {prefix}acme:challenges       HASH    token -> the challenge (JSON); PEXPIRE past the latest
+    {prefix}acme:acks:{token}     SET     nodes serving that challenge; PEXPIRE 1 h
+    {prefix}acme:nodes            ZSET    node -> when its beat lapses (ms, Redis's clock)
+    {prefix}acme:domains          ZSET    every registered name, score 0 (ZRANGEBYLEX)
+    {prefix}acme:domain-info      HASH    name -> "<added_at Unix seconds> <issue 0|1>"
+    {prefix}acme:backoff:{name}   HASH    failures, not_before, last_error; PEXPIRE a day
+                                          past not_before
+    {prefix}acme:pause            STRING  until when the CA asked to wait (Unix seconds), PX
+    {prefix}acme:orders           ZSET    name -> when its open-order slot lapses (ms, Redis's
+                                          clock)
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -43,6 +66,7 @@ __all__ = [
     "F_DROPPED",
     "F_KEY",
     "F_KEY_TYPE",
+    "F_MANAGED",
     "F_NAMES",
     "F_NOT_AFTER",
     "F_NOT_BEFORE",
@@ -74,6 +98,8 @@ F_NOT_AFTER = "not_after"
 F_VERSION = "version"
 F_UPDATED_AT = "updated_at"
 F_OCSP = "ocsp"  # the DER OCSP response to staple, when one was stored
+#: "acme" for a certificate the agent obtained; absent (= "") for an upload.
+F_MANAGED = "managed"
 #: Names a replace on a cluster dropped, kept in the record until they are out of the name sets.
 F_DROPPED = "names_dropped"
 #: The fields a :class:`CertRecord` is made of (no key material).
@@ -86,6 +112,7 @@ META_FIELDS = (
     F_NOT_AFTER,
     F_VERSION,
     F_UPDATED_AT,
+    F_MANAGED,
 )
 #: The position before every event.
 ZERO = "0-0"
@@ -102,7 +129,7 @@ class Keys:
     a fingerprint by itself (``fp:{sha256}``), and the keys every write or
     rotation shares -- ``ids``, ``expiry``, ``events``, ``tls:ring``, ``tls:lock``
     -- by one fixed tag (``{global}:events``), so each of those groups stays in
-    one slot.
+    one slot.  Every issuance key (``acme:...``) is on ``{global}`` too.
     """
 
     prefix: str = DEFAULT_PREFIX
@@ -154,6 +181,50 @@ class Keys:
 
     def tls_lock(self) -> str:
         return self._global("tls:lock")
+
+    # --- issuance: every key on the {global} slot ---------------------------------------
+
+    def account(self, directory: str) -> str:
+        """The ACME account of the CA at ``directory`` (a URL: hashed into the key)."""
+        digest = hashlib.sha256(directory.encode("utf-8")).hexdigest()[:32]
+        return self._global(f"acme:account:{digest}")
+
+    def account_pattern(self) -> str:
+        """The SCAN pattern of every account key."""
+        return self._global("acme:account:*")
+
+    def lease(self, name: str) -> str:
+        """The issuance lease on validated ``name``."""
+        return self._global(f"acme:lease:{name}")
+
+    def fence(self) -> str:
+        return self._global("acme:fence")
+
+    def challenges(self) -> str:
+        return self._global("acme:challenges")
+
+    def acks(self, token: str) -> str:
+        """The nodes serving the challenge of validated ``token``."""
+        return self._global(f"acme:acks:{token}")
+
+    def nodes(self) -> str:
+        return self._global("acme:nodes")
+
+    def domains(self) -> str:
+        return self._global("acme:domains")
+
+    def domain_info(self) -> str:
+        return self._global("acme:domain-info")
+
+    def backoff(self, name: str) -> str:
+        """The backoff state of validated ``name``."""
+        return self._global(f"acme:backoff:{name}")
+
+    def pause(self) -> str:
+        return self._global("acme:pause")
+
+    def order_slots(self) -> str:
+        return self._global("acme:orders")
 
 
 def valid_id(cert_id: str) -> bool:

@@ -10,6 +10,7 @@ of both writers split them).  An event is one entry of the ``events`` stream.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from certagent.store.redis._layout import (
     F_CHAIN,
     F_KEY,
     F_KEY_TYPE,
+    F_MANAGED,
     F_NAMES,
     F_NOT_AFTER,
     F_NOT_BEFORE,
@@ -60,9 +62,14 @@ __all__ = [
 
 #: The kinds of event a record's write appends.
 EventKind = Literal["put", "delete"]
+#: The kinds of event the issuance roles append (:mod:`certagent.store.issuance`).
+IssuanceKind = Literal["challenge", "domain"]
 
 _ISO = "%Y-%m-%dT%H:%M:%SZ"
 _KINDS: dict[str, EventKind] = {"put": "put", "delete": "delete"}
+_ISSUANCE_KINDS: dict[str, IssuanceKind] = {"challenge": "challenge", "domain": "domain"}
+_MANAGED = re.compile(r"[a-z0-9-]{0,32}\Z")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}\Z")
 
 
 # --- records -------------------------------------------------------------------------------
@@ -71,11 +78,17 @@ _KINDS: dict[str, EventKind] = {"put": "put", "delete": "delete"}
 def encode_record(
     ring: KeyRing, record: CertRecord, bundle: CertBundle
 ) -> dict[FieldT, EncodableT]:
-    """The hash fields of ``record`` holding ``bundle``; the key encrypted for ``record.id``."""
+    """The hash fields of ``record`` holding ``bundle``; the key encrypted for ``record.id``.
+
+    ``managed`` is written only when it is not ``""``: an upload's hash is what it
+    always was.
+    """
+    if not _MANAGED.match(record.managed):
+        raise ValueError(f"managed must be a short lowercase word, not {record.managed[:40]!r}")
     blocks = split_blocks(bundle.pem)
     chain = b"".join(text for label, text in blocks if label == CERTIFICATE)
     key = next(text for label, text in blocks if label in KEY_LABELS)
-    return {
+    fields: dict[FieldT, EncodableT] = {
         F_CHAIN: chain,
         F_KEY: keycrypt.encrypt(ring, key, record.id.encode("ascii")),
         F_NAMES: " ".join(record.names).encode("ascii"),
@@ -88,6 +101,9 @@ def encode_record(
         F_VERSION: str(record.version).encode("ascii"),
         F_UPDATED_AT: _iso(record.updated_at),
     }
+    if record.managed:
+        fields[F_MANAGED] = record.managed.encode("ascii")
+    return fields
 
 
 def meta_fields(row: object) -> dict[str, bytes | None] | None:
@@ -113,7 +129,16 @@ def decode_record(cert_id: str, fields: Mapping[str, bytes | None]) -> CertRecor
         key_type=_required(fields[F_KEY_TYPE]),
         version=int(_required(fields[F_VERSION])),
         updated_at=_parse_iso(fields[F_UPDATED_AT]),
+        managed=_managed(fields.get(F_MANAGED)),
     )
+
+
+def _managed(raw: bytes | None) -> str:
+    """A record's ``managed`` field; absent (a record older than the field) is ``""``."""
+    text = (raw or b"").decode("ascii", "replace")
+    if not _MANAGED.match(text):
+        raise ValueError("managed is not a short lowercase word")
+    return text
 
 
 def parse_names(raw: bytes | None) -> tuple[str, ...]:
@@ -171,9 +196,13 @@ class RecordEncoder:
     def __repr__(self) -> str:
         return f"RecordEncoder(current={self.ring.current!r})"
 
-    def prepare(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord:
+    def prepare(
+        self, bundle: CertBundle, updated_at: datetime, *, managed: str = ""
+    ) -> PreparedRecord:
         """``bundle`` under a new random id, version 1, its key encrypted for that id."""
-        record = make_record(secrets.token_hex(8), bundle, version=1, updated_at=updated_at)
+        record = make_record(
+            secrets.token_hex(8), bundle, version=1, updated_at=updated_at, managed=managed
+        )
         return PreparedRecord(
             record=record,
             payload=pack(encode_record(self.ring, record, bundle), record.id),
@@ -218,7 +247,20 @@ def decode_change(fields: Mapping[bytes, bytes]) -> Change | None:
     kind = to_text(fields.get(b"kind"))
     if kind == "tls-keys":
         return Change("tls-keys", "", ())
+    if kind in _ISSUANCE_KINDS:
+        return _issuance_change(
+            _ISSUANCE_KINDS[kind], to_text(fields.get(b"id")), fields.get(b"names")
+        )
     cert_id = to_text(fields.get(b"id"))
     if kind not in _KINDS or not valid_id(cert_id):
         return None
     return Change(_KINDS[kind], cert_id, parse_names(fields.get(b"names")))
+
+
+def _issuance_change(kind: IssuanceKind, change_id: str, raw_names: bytes | None) -> Change | None:
+    names = parse_names(raw_names)
+    if len(names) != 1:
+        return None
+    if kind == "challenge":
+        return Change(kind, change_id, names) if _TOKEN.match(change_id) else None
+    return Change(kind, names[0], names) if change_id == names[0] else None

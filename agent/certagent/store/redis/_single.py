@@ -50,7 +50,7 @@ from certagent.store.redis._records import (
     meta_fields,
     parse_names,
 )
-from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Stored, duplicate
+from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Fence, Stored, duplicate
 
 __all__ = ["ADD_SCRIPT", "SingleNodeWriter", "script_keys"]
 
@@ -138,9 +138,14 @@ class SingleNodeWriter:
 
     # --- add --------------------------------------------------------------------------
 
-    async def add(self, prepared: PreparedRecord) -> AddOutcome:
-        """One WATCH/MULTI/EXEC; Redis errors escape (the store translates them)."""
-        return await self._by_transaction(prepared)
+    async def add(self, prepared: PreparedRecord, fence: Fence | None = None) -> AddOutcome:
+        """One WATCH/MULTI/EXEC; Redis errors escape (the store translates them).
+
+        With ``fence``, its lease key is WATCHed and read with the others: the
+        add commits only if the lease still holds our value at EXEC (a lease
+        that expires or is taken after the read aborts the EXEC, Redis >= 6.0.9).
+        """
+        return await self._by_transaction(prepared, fence)
 
     async def add_batch(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
         """One :data:`ADD_SCRIPT` per record, pipelined; a Redis error fails its record only."""
@@ -225,15 +230,22 @@ class SingleNodeWriter:
             )
         return StoreError(f"{self._url}: the add script gave an unexpected reply")
 
-    async def _by_transaction(self, prepared: PreparedRecord) -> AddOutcome:
+    async def _by_transaction(
+        self, prepared: PreparedRecord, fence: Fence | None = None
+    ) -> AddOutcome:
         """One record in WATCH/MULTI/EXEC; retried while a WATCHed key changes."""
         record = prepared.record
         keys = script_keys(self._keys, record)
         fp_key, cert_key, ids_key, expiry_key = keys[:4]
+        watched = [fp_key, cert_key] if fence is None else [fp_key, cert_key, fence.key]
         for _ in range(ATTEMPTS):
             try:
                 async with self._client.pipeline(transaction=True) as pipe:
-                    await pipe.watch(fp_key, cert_key)
+                    await pipe.watch(*watched)
+                    if fence is not None:
+                        holder = to_bytes(await pipe.get(fence.key))
+                        if holder != fence.value.encode("ascii"):
+                            return fence.lost(holder)
                     owner = to_bytes(await pipe.get(fp_key))
                     if owner is not None:
                         return Stored(owner.decode("ascii", "replace"))

@@ -42,12 +42,13 @@ from certagent.errors import (
     StoreCorrupt,
     StoreError,
 )
-from certagent.store.base import CertRecord, Change, IdTaken, Page, StoredCertificate
+from certagent.store.base import CertRecord, Change, IdTaken, Issuance, Page, StoredCertificate
 from certagent.store.records import decode_cursor, encode_cursor
 from certagent.store.redis._bulk import BulkAdds
 from certagent.store.redis._cluster import ClusterWriter
 from certagent.store.redis._connection import close_client, connect, redis_errors
 from certagent.store.redis._feed import MAX_BLOCK, StreamFeed
+from certagent.store.redis._issuance import RedisAccounts, redis_issuance
 from certagent.store.redis._layout import (
     DEFAULT_PREFIX,
     F_KEY,
@@ -67,7 +68,7 @@ from certagent.store.redis._records import (
 from certagent.store.redis._rekey import reencrypt_all
 from certagent.store.redis._single import SingleNodeWriter
 from certagent.store.redis._tickets import RedisTicketRing
-from certagent.store.redis._writer import ATTEMPTS, RecordWriter, Stored
+from certagent.store.redis._writer import ATTEMPTS, Fence, RecordWriter, Stored
 from certagent.store.url import CLUSTER_SCHEME, redact_url
 
 __all__ = ["DEFAULT_EVENTS_MAXLEN", "RedisStore"]
@@ -126,6 +127,15 @@ class RedisStore:
         self._lookup = Lookup(
             self._client, self._keys, self._url, self._ring_for, script=not cluster
         )
+        self._accounts = RedisAccounts(self._client, self._keys, self._url, self._ring_for)
+        self._issuance = redis_issuance(
+            self._client,
+            self._keys,
+            self._url,
+            accounts=self._accounts,
+            add=self._add_fenced,
+            maxlen=events_maxlen,
+        )
         # XREAD BLOCK holds its connection for up to MAX_BLOCK: give it its own pool,
         # whose socket timeout outlasts the block.
         self._feed = StreamFeed(
@@ -163,9 +173,13 @@ class RedisStore:
         """Many adds per round trip (``add_many``): :mod:`certagent.store.redis._bulk`."""
         return self._bulk
 
-    def issuance(self) -> None:
-        """None until the issuance roles are kept here (:mod:`certagent.store.issuance`)."""
-        return None
+    def issuance(self) -> Issuance:
+        """The fleet's issuance roles, shared by every agent on this Redis.
+
+        :mod:`certagent.store.redis._issuance` (account, registrations, limits),
+        ``._leases`` and ``._board``; every key on the ``{global}`` slot of a cluster.
+        """
+        return self._issuance
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -272,7 +286,14 @@ class RedisStore:
         return added if isinstance(added, str) else added.id  # str: already stored
 
     async def add(self, bundle: CertBundle) -> CertRecord:
-        added = await self._add(bundle, "add")
+        return self._added(bundle, await self._add(bundle, "add"))
+
+    async def _add_fenced(self, bundle: CertBundle, fence: Fence, managed: str) -> CertRecord:
+        """``add_issued``'s write (:mod:`._leases`): ``add``, committed while ``fence`` holds."""
+        added = await self._add(bundle, "add an issued certificate", fence=fence, managed=managed)
+        return self._added(bundle, added)
+
+    def _added(self, bundle: CertBundle, added: CertRecord | str) -> CertRecord:
         if isinstance(added, str):
             raise DuplicateCertificate(
                 f"this certificate (sha256 {bundle.fingerprint_sha256}) is already stored"
@@ -280,12 +301,15 @@ class RedisStore:
             )
         return added
 
-    async def _add(self, bundle: CertBundle, action: str) -> CertRecord | str:
+    async def _add(
+        self, bundle: CertBundle, action: str, *, fence: Fence | None = None, managed: str = ""
+    ) -> CertRecord | str:
         """Add ``bundle`` under a new id; or return the id already holding it."""
         encoder = RecordEncoder(self._ring_for("store certificates"))
         with self._errors(action):
             for _ in range(ATTEMPTS):
-                got = await self._writer.add(encoder.prepare(bundle, _now()))
+                prepared = encoder.prepare(bundle, _now(), managed=managed)
+                got = await self._writer.add(prepared, fence)
                 if isinstance(got, IdTaken):
                     continue  # draw another id
                 if isinstance(got, Stored):
@@ -293,10 +317,11 @@ class RedisStore:
                 if isinstance(got, StoreError):
                     raise got
                 log.info(
-                    "stored certificate %s for %s (sha256 %s) in %s",
+                    "stored certificate %s for %s (sha256 %s%s) in %s",
                     got.id,
                     " ".join(bundle.names),
                     bundle.fingerprint_sha256,
+                    f", {managed}" if managed else "",
                     self._url,
                 )
                 return got
@@ -339,12 +364,16 @@ class RedisStore:
     # --- data keys ----------------------------------------------------------------------
 
     async def rotate_keys(self) -> int:
-        """Re-encrypt every key not made with the current data key: :mod:`._rekey`."""
+        """Re-encrypt every key not made with the current data key: :mod:`._rekey`.
+
+        The records' keys, the ticket-key ring and the ACME account keys; the
+        count is of records and accounts.
+        """
         ring = self._ring_for("rotate keys")
         with self._errors("rotate keys"):
             rotated = await reencrypt_all(self._client, self._keys, self._url, ring, self._writer)
         await self._tickets.reencrypt()
-        return rotated
+        return rotated + await self._accounts.reencrypt(ring)
 
     async def key_ids_in_use(self, sample: int = 32) -> set[str]:
         """Data-key ids of ``sample`` random records and of the ticket ring: O(sample).

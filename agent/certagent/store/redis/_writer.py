@@ -23,10 +23,12 @@ from typing import Protocol
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts
 from certagent.certs.pem import CertBundle
-from certagent.errors import DuplicateCertificate, StoreError
+from certagent.errors import DuplicateCertificate, LeaseLost, StoreError
 from certagent.store.base import CertRecord, IdTaken, PreparedRecord
+from certagent.store.issuance import Lease
+from certagent.store.issuing import lease_lost
 
-__all__ = ["ATTEMPTS", "AddOutcome", "RecordWriter", "Stored", "duplicate"]
+__all__ = ["ATTEMPTS", "AddOutcome", "Fence", "RecordWriter", "Stored", "duplicate"]
 
 #: Attempts of a write whose keys keep changing under it (or whose random id is taken).
 ATTEMPTS = 5
@@ -39,6 +41,24 @@ class Stored:
     owner: str
 
 
+@dataclass(frozen=True)
+class Fence:
+    """An add that may commit only while ``key`` (a lease, on ``{global}``) holds ``value``.
+
+    :meth:`~certagent.store.issuance.IssueLocks.add_issued`: a writer checks it
+    atomically with the add's commit point and gives :meth:`lost` (a LeaseLost,
+    which is a StoreError) instead of writing.
+    """
+
+    key: str
+    value: str
+    lease: Lease
+
+    def lost(self, holder: bytes | str | None) -> LeaseLost:
+        """The outcome when ``key`` holds ``holder`` instead (None: nothing)."""
+        return lease_lost(self.lease, holder)
+
+
 #: What adding one prepared record gave.
 AddOutcome = CertRecord | Stored | IdTaken | StoreError
 
@@ -46,8 +66,12 @@ AddOutcome = CertRecord | Stored | IdTaken | StoreError
 class RecordWriter(Protocol):
     """Every write of a :class:`~certagent.store.redis.RedisStore`; ids validated by the store."""
 
-    async def add(self, prepared: PreparedRecord) -> AddOutcome:
-        """Add one new record (``RedisStore.add``): its record, Stored, IdTaken or StoreError."""
+    async def add(self, prepared: PreparedRecord, fence: Fence | None = None) -> AddOutcome:
+        """Add one new record (``RedisStore.add``): its record, Stored, IdTaken or StoreError.
+
+        With ``fence``, only if the fence holds when the record becomes visible
+        (``fence.lost(...)`` otherwise, nothing a reader sees left behind).
+        """
         ...
 
     async def add_batch(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
