@@ -167,6 +167,8 @@ def test_an_allowed_new_name_is_issued_on_its_first_connection(
         assert record["managed"] == "acme"
         status = stack.status()["issuance"]
         assert status["orders_valid"] == 1 and status["orders_failed"] == 0
+        shown = stack.cli("status").stdout
+        assert "orders 1 valid / 0 failed" in shown, shown
 
 
 def test_a_denied_name_never_reaches_the_ca_and_the_endpoint_is_asked_once_per_ttl(

@@ -353,6 +353,22 @@ def _print_status(st: dict[str, Any]) -> None:
         f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots,"
         f" {ld['mark_only']} mark-only), failures {ld['failures']}, resyncs {ld['resets']}"
     )
+    acme = st.get("issuance")
+    if acme:
+        failed = ", ".join(f"{r} {n}" for r, n in sorted(acme["failed_by_reason"].items()))
+        print(
+            f"issuance       from {acme['account']['directory']}: {acme['pending']} in progress,"
+            f" orders {acme['orders_valid']} valid / {acme['orders_failed']} failed"
+            + (f" ({failed})" if failed else "")
+            + f", {acme['fallbacks']} first connections got the fallback"
+        )
+        pm = acme["permission"]
+        print(
+            f"  permission   {'; '.join(pm['policies'])}: allowed {pm['allowed']},"
+            f" denied {pm['denied']} ({pm['cached']} answers cached)"
+        )
+        ch = acme["challenges"]
+        print(f"  challenges   {ch['serving']} answered by this node now, {ch['answered']} in all")
     tk = st.get("tickets")
     if tk:
         where = {True: "in HAProxy", False: "NOT in HAProxy (haproxy.cfg lacks them)"}
