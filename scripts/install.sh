@@ -10,7 +10,19 @@
 #   - .venv/bin/promtool (tests check the agent's metrics with it): only that file,
 #     taken from Debian's prometheus package with `apt-get download` + dpkg-deb,
 #     so no Prometheus service is installed or started; skipped once it is there.
+#   - with --test (scripts/test.sh): what only the tests use, from Debian, without
+#     recommended packages: debootstrap and patchelf (scripts/haproxy-versions.sh
+#     makes Debian's HAProxy 3.0, 3.2 and 3.4 runnable here), testssl.sh, chromium and
+#     libnss3-tools (certutil, to make Chromium trust the test CA).
 set -euo pipefail
+
+WITH_TEST_TOOLS=""
+for arg in "$@"; do
+    case "$arg" in
+        --test) WITH_TEST_TOOLS=1 ;;
+        *) printf 'install: unknown option %s (only --test)\n' "$arg" >&2; exit 2 ;;
+    esac
+done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -21,6 +33,7 @@ STAMP="$VENV/.certagent-installed"
 # pebble brings pebble + pebble-challtestsrv, the test ACME CA the ACME tests start on
 # loopback high ports (certagent/testing/pebble.py); the package starts no service.
 PACKAGES=(haproxy redis-server openssl gcc libc6-dev libssl-dev systemd pebble)
+TEST_PACKAGES=(debootstrap patchelf testssl.sh chromium libnss3-tools)
 
 say() { printf 'install: %s\n' "$*"; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
@@ -65,6 +78,20 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 else
     say "${PACKAGES[*]}: already installed"
+fi
+if [ -n "$WITH_TEST_TOOLS" ]; then
+    missing=()
+    for pkg in "${TEST_PACKAGES[@]}"; do
+        installed "$pkg" || missing+=("$pkg")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        say "installing the test tools ${missing[*]} (apt-get update first)"
+        [ "$(id -u)" -eq 0 ] || die "installing ${missing[*]} needs root (apt-get)"
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+        apt_install --no-install-recommends "${missing[@]}"
+    else
+        say "${TEST_PACKAGES[*]}: already installed"
+    fi
 fi
 say "$(haproxy -v 2>/dev/null | head -n 1 | cut -d' ' -f1-3), $(redis-server --version | cut -d' ' -f1-3)"
 

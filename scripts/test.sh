@@ -1,30 +1,65 @@
 #!/usr/bin/env bash
-# The test command: install, then ruff, mypy --strict, the import layers (import-linter) and
-# pytest (unit + integration).
-# Every step runs even if an earlier one failed; exits 1 if any failed.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k loader -x`.
+# The test command: install, then ruff, mypy --strict, the import layers (import-linter)
+# and pytest on each HAProxy of the version matrix:
+#
+#   2.6  Debian 12's own (PATH)              the whole suite (unit + integration)
+#   3.0  Debian 13 (trixie)                  the integration tests that start HAProxy,
+#                                            but the heavy ones
+#   3.2  Debian unstable (sid)               the integration tests that start HAProxy
+#   3.4  Debian experimental                 the runtime-API integration tests
+#
+# The 3.x binaries come from Debian's packages, made runnable here and cached outside the
+# checkout by scripts/haproxy-versions.sh (the first run builds the cache, ~4 min); pytest
+# picks each through CERTAGENT_TEST_HAPROXY and names it in its header. Which tests each run
+# leaves out, and why, is in tests/conftest.py (marks no_haproxy, heavy and runtime_api).
+#
+# Every step runs even if an earlier one failed; exits 1 if any failed. Extra arguments go
+# to every pytest run, e.g. `bash scripts/test.sh -k loader -x`; with extra arguments a 3.x
+# run that selects no test is reported and passes. CERTAGENT_TEST_VERSIONS="2.6 3.2" runs
+# only those versions.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+START=$SECONDS
 
-bash scripts/install.sh
+bash scripts/install.sh --test
 
 BIN="$ROOT/.venv/bin"
+VERSIONS="${CERTAGENT_TEST_VERSIONS:-2.6 3.0 3.2 3.4}"
 failed=()
+timings=()
 
 step() {
     local name="$1"
     shift
-    printf '\n== %s: %s\n' "$name" "$*"
-    local rc=0
+    if [ "$1" = pytest_on ]; then printf '\n== %s\n' "$name"; else printf '\n== %s: %s\n' "$name" "$*"; fi
+    local rc=0 began=$SECONDS
     "$@" || rc=$?
+    timings+=("$name $((SECONDS - began))s")
     if [ "$rc" -ne 0 ]; then
         printf '== %s FAILED (exit %d)\n' "$name" "$rc"
         failed+=("$name")
     fi
     return 0
 }
+
+# pytest on one HAProxy: $1 the binary ("" = PATH's), the rest pytest's arguments.
+# pytest exits 5 when it collected no tests: a failure, except on a 3.x run narrowed by the
+# caller's own arguments.
+pytest_on() {
+    local haproxy="$1" rc=0
+    shift
+    printf '== CERTAGENT_TEST_HAPROXY=%s pytest --durations=15 %s\n' "$haproxy" "$*"
+    # --durations: which tests dominate each run's time, in every log
+    CERTAGENT_TEST_HAPROXY="$haproxy" "$BIN/pytest" --durations=15 "$@" || rc=$?
+    if [ "$rc" -eq 5 ] && [ -n "$haproxy" ] && [ "$EXTRA" -gt 0 ]; then
+        echo "no test of this run matches the arguments given: nothing to run on $haproxy"
+        return 0
+    fi
+    return "$rc"
+}
+EXTRA=$#
 
 lint_paths=()
 for path in agent tests bench demo; do
@@ -35,10 +70,58 @@ step ruff "$BIN/ruff" check "${lint_paths[@]}"
 step mypy "$BIN/mypy"
 # the layers of pyproject.toml's [tool.importlinter] (which package may import which; no cycles)
 step import-layers "$BIN/lint-imports" --no-cache
-# pytest exits 5 when it collected no tests: that is a failure here too.
-step pytest "$BIN/pytest" "$@"
+
+declare -A SUITE=([3.0]=trixie [3.2]=sid [3.4]=experimental)
+declare -A BUILT=()
+wanted=()
+for version in $VERSIONS; do
+    [ "$version" = 2.6 ] || wanted+=("${SUITE[$version]:?unknown version $version (2.6 3.0 3.2 3.4)}")
+done
+if [ "${#wanted[@]}" -gt 0 ]; then
+    printf '\n== HAProxy builds: scripts/haproxy-versions.sh %s\n' "${wanted[*]}"
+    versions_out="$(bash scripts/haproxy-versions.sh "${wanted[@]}")" || true
+    printf '%s\n' "$versions_out"
+    while read -r suite path _; do
+        [[ "$path" == /* ]] && BUILT[$suite]="$path"
+    done <<<"$versions_out"
+fi
+
+for version in $VERSIONS; do
+    case "$version" in
+        2.6)
+            step "pytest, HAProxy 2.6 (Debian 12): the whole suite" pytest_on "" "$@"
+            ;;
+        3.0 | 3.2)
+            suite="${SUITE[$version]}"
+            if [ -z "${BUILT[$suite]:-}" ]; then
+                echo "== HAProxy $version (Debian $suite) could not be built: see above"
+                failed+=("HAProxy $version build")
+                continue
+            fi
+            if [ "$version" = 3.0 ]; then
+                step "pytest, HAProxy 3.0 (Debian $suite): integration tests that start HAProxy, but the heavy ones" \
+                    pytest_on "${BUILT[$suite]}" -m "integration and not no_haproxy and not heavy" "$@"
+            else
+                step "pytest, HAProxy 3.2 (Debian $suite): integration tests that start HAProxy" \
+                    pytest_on "${BUILT[$suite]}" -m "integration and not no_haproxy" "$@"
+            fi
+            ;;
+        3.4)
+            if [ -z "${BUILT[experimental]:-}" ]; then
+                # Debian experimental may have no haproxy at some point: said, never skipped quietly
+                echo "== HAProxy 3.4 (Debian experimental) could not be built: its runtime-API"
+                echo "   run is NOT done (see above); the other versions are tested as usual"
+                continue
+            fi
+            step "pytest, HAProxy 3.4 (Debian experimental): runtime-API integration tests" \
+                pytest_on "${BUILT[experimental]}" -m "integration and runtime_api" "$@"
+            ;;
+    esac
+done
 
 echo
+printf 'test.sh: %s\n' "${timings[@]}"
+printf 'test.sh: %d s in all\n' "$((SECONDS - START))"
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "test.sh: FAILED: ${failed[*]}"
     exit 1

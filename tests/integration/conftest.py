@@ -1,4 +1,4 @@
-"""Fixtures for the integration tests: a real Redis, HAProxy 2.6 and ``certagent run``.
+"""Fixtures for the integration tests: a real Redis, HAProxy and ``certagent run``.
 
 The processes themselves are managed by :mod:`certagent.testing` (shared with the
 demo and the benchmarks); this file only wraps them in fixtures:
@@ -10,7 +10,7 @@ demo and the benchmarks); this file only wraps them in fixtures:
   asks for them; ``any_store`` (indirectly parametrized with ``plain``,
   ``sentinel`` or ``cluster``) is a flushed store of that kind.
 * ``pki`` -- a session-wide test CA (root file for clients) that issues leaves.
-* ``make_stack(store, capacity=..., fallback=..., env=...)`` -- ``certagent init``
+* ``make_stack(store, capacity=..., fallback=..., env=..., init_args=...)`` -- ``certagent init``
   into a fresh directory, then HAProxy and the agent (debug log), as a
   :class:`~certagent.testing.Stack`.  Every stack is stopped by PID after the test;
   a failed test prints the log tails.

@@ -4,7 +4,8 @@ HAProxy 2.6.12 keeps a transaction on freed memory when a ``commit ssl cert``
 loses its client mid-way; any command on it crashes the worker.  The agent
 never touches such a transaction: it reloads HAProxy gracefully and re-warms
 (``certagent.runtime.recover``).  Before that fix this test crashed HAProxy in
-about half of its runs (SIGSEGV, exit 139, after 1-3 kills).
+about half of its runs (SIGSEGV, exit 139, after 1-3 kills).  HAProxy 3.0 and
+3.2 crash on a cut commit outright; the agent's pipelined writes leave none.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ import time
 import pytest
 
 from certagent.certs.pem import normalise_pem
-from certagent.testing import PKI, Prober, RedisFixture, Stack, tlsclient, unix_request, wait_for
+from certagent.testing import (
+    PKI,
+    Prober,
+    RedisFixture,
+    Stack,
+    haproxy_build,
+    tlsclient,
+    unix_request,
+    wait_for,
+)
 from tests.integration.conftest import StackFactory
 
 pytestmark = pytest.mark.integration
@@ -143,11 +153,21 @@ def test_a_transaction_left_on_freed_memory_is_cleared_by_a_reload_not_touched(
     assert stack.handshake(host).san == (host,)
     slot = stack.marked_hosts()[host]
     stack.stop_agent()
-    lines = f"add ssl crt-list {stack.settings.crt_list} {slot}\n" * 300
-    unix_request(stack.settings.haproxy_socket, lines.encode(), timeout=30)
     pem = normalise_pem(pki.combined_pem(host))
-    assert any(_leave_a_transaction_on_freed_memory(stack, slot, pem) for _ in range(5))
-    # `abort ssl cert` on it would now crash the worker (and the master with it)
+    if haproxy_build().branch < (3, 0):
+        # 2.6: the slot in 300 crt-list lines makes its commit take tens of ms; cut it
+        lines = f"add ssl crt-list {stack.settings.crt_list} {slot}\n" * 300
+        unix_request(stack.settings.haproxy_socket, lines.encode(), timeout=30)
+        assert any(_leave_a_transaction_on_freed_memory(stack, slot, pem) for _ in range(5))
+        # `abort ssl cert` on it would now crash the worker (and the master with it)
+    else:
+        # 3.0+ runs only the first command of a write without `prompt`, and a command with
+        # a payload is always the last one a write runs (HAProxy commit 3d93ecc13): the same
+        # write opens the transaction and never commits.  What it leaves is intact (shown
+        # in full), yet the agent still touches no transaction it finds.  A commit cut
+        # short on 3.x crashes the worker outright (docs/haproxy.md): no test cuts one there.
+        assert _leave_a_transaction_on_freed_memory(stack, slot, pem)
+        assert f"Filename: *{slot}" in stack.admin(f"show ssl cert *{slot}")
     old_worker = stack.worker_pid()
     stack.start_agent()
     master = stack.haproxy.proc

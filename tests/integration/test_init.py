@@ -1,4 +1,4 @@
-"""`certagent init` writes a setup HAProxy 2.6 accepts as it is."""
+"""`certagent init` writes a setup every HAProxy under test (2.6 to 3.4) accepts as it is."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from certagent import config
 from certagent.cli import main
 from certagent.cli.init import InitOptions, init
 from certagent.errors import ConfigError
+from certagent.testing import HAPROXY
 
 pytestmark = pytest.mark.integration
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,11 @@ from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_comman
 from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domain_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
-from certagent.errors import AgentError
+from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
+from certagent.runtime.build import HAProxyBuild, differences, probe_build
 from certagent.runtime.client import probe_identity, query
+from certagent.runtime.tlspolicy import PROFILES, TlsPolicy
 from certagent.store import open_configured
 
 log = logging.getLogger("certagent")
@@ -137,6 +139,30 @@ def _parser() -> argparse.ArgumentParser:
         " sockets, the agent and its secret files belong to it",
     )
     pi.add_argument(
+        "--tls",
+        choices=PROFILES,
+        default="intermediate",
+        help="TLS settings after Mozilla's guideline: intermediate (default; TLS 1.2 with ECDHE"
+        " and AEAD ciphers only, and TLS 1.3) or modern (TLS 1.3 only); X25519MLKEM768 is"
+        " offered first wherever HAProxy runs on OpenSSL 3.5+",
+    )
+    pi.add_argument(
+        "--tls-ciphers",
+        metavar="LIST",
+        help="your TLS 1.2 cipher suites instead of the profile's (OpenSSL syntax, ':'-separated)",
+    )
+    pi.add_argument(
+        "--tls-ciphersuites",
+        metavar="LIST",
+        help="your TLS 1.3 cipher suites instead of the profile's (':'-separated)",
+    )
+    pi.add_argument(
+        "--tls-curves",
+        metavar="LIST",
+        help="your key exchange groups instead of the profile's, used as given on every HAProxy"
+        " (e.g. X25519:prime256v1; a name the TLS library lacks makes HAProxy refuse the file)",
+    )
+    pi.add_argument(
         "--run-dir",
         type=Path,
         metavar="DIR",
@@ -223,7 +249,10 @@ async def _check(settings: config.Settings) -> bool:
     ok = True
     try:
         ident = await probe_identity(settings.haproxy_socket)
-        print(f"ok    HAProxy {ident.version} pid {ident.pid} at {settings.haproxy_socket}")
+        build = await probe_build(settings.haproxy_socket, ident.version)
+        print(f"ok    {build.describe()}, pid {ident.pid} at {settings.haproxy_socket}")
+        for note in differences(build):
+            print(f"      on this version: {note}")
         crtlists = await query(settings.haproxy_socket, protocol.show_crtlists())
         if settings.crt_list not in protocol.parse_show_crtlists(crtlists):
             print(f"FAIL  crt-list {settings.crt_list} is not in HAProxy's configuration")
@@ -301,9 +330,15 @@ def _print_status(st: dict[str, Any]) -> None:
     e, ld = st["ensure"], st["loader"]
     print(f"agent pid      {st['agent_pid']}")
     up = {True: "up", False: "DOWN"}
-    print(
-        f"haproxy        {up[st['haproxy_up']]}, pid {st['haproxy_pid']} ({st['haproxy_version']})"
+    build = st.get("haproxy_build")
+    what = (
+        HAProxyBuild(build["version"], build["openssl"], build["lua"]).describe()
+        if build
+        else f"HAProxy {st['haproxy_version']}"
     )
+    print(f"haproxy        {up[st['haproxy_up']]}, pid {st['haproxy_pid']} ({what})")
+    for note in build["differences"] if build else ():
+        print(f"  this version {note}")
     print(f"store          {up[st['store_up']]}, {st['store']}")
     print(
         f"slots          {st['slots_used']} / {st['capacity']}"
@@ -318,6 +353,22 @@ def _print_status(st: dict[str, Any]) -> None:
         f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots,"
         f" {ld['mark_only']} mark-only), failures {ld['failures']}, resyncs {ld['resets']}"
     )
+    acme = st.get("issuance")
+    if acme:
+        failed = ", ".join(f"{r} {n}" for r, n in sorted(acme["failed_by_reason"].items()))
+        print(
+            f"issuance       from {acme['account']['directory']}: {acme['pending']} in progress,"
+            f" orders {acme['orders_valid']} valid / {acme['orders_failed']} failed"
+            + (f" ({failed})" if failed else "")
+            + f", {acme['fallbacks']} first connections got the fallback"
+        )
+        pm = acme["permission"]
+        print(
+            f"  permission   {'; '.join(pm['policies'])}: allowed {pm['allowed']},"
+            f" denied {pm['denied']} ({pm['cached']} answers cached)"
+        )
+        ch = acme["challenges"]
+        print(f"  challenges   {ch['serving']} answered by this node now, {ch['answered']} in all")
     tk = st.get("tickets")
     if tk:
         where = {True: "in HAProxy", False: "NOT in HAProxy (haproxy.cfg lacks them)"}
@@ -348,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
+    try:
+        tls = TlsPolicy(args.tls, args.tls_ciphers, args.tls_ciphersuites, args.tls_curves)
+    except ValueError as exc:
+        raise ConfigError(f"--tls: {exc}") from exc
     result = init(
         InitOptions(
             args.directory,
@@ -363,6 +418,7 @@ def _init(args: argparse.Namespace) -> int:
             force=args.force,
             systemd=args.systemd,
             user=args.user,
+            tls=tls,
             acme_directory=args.acme_directory,
             acme_email=args.acme_email,
             acme_ca_file=args.acme_ca_file,

@@ -25,6 +25,7 @@ from certagent.certs.ticketkeys import keys_file, new_ring
 from certagent.cli.systemd import SystemdPlan, systemd_files
 from certagent.errors import ConfigError
 from certagent.runtime.haproxycfg import HAProxyLayout, log_target, lua_source, render_haproxy_cfg
+from certagent.runtime.tlspolicy import INTERMEDIATE, TlsPolicy
 from certagent.store import parse_store_url
 
 # Unix socket paths must fit sockaddr_un.sun_path (108 bytes with the NUL).
@@ -49,6 +50,7 @@ class InitOptions:
     force: bool = False  # overwrite haproxy.cfg, certagent.toml, ... written earlier
     systemd: bool = False  # also write unit files (DIR/systemd/)
     user: str | None = None  # HAProxy's and the agent's user, when HAProxy's master is root
+    tls: TlsPolicy = INTERMEDIATE  # fe_tls's protocol versions, ciphers and curves (--tls ...)
     # on-demand issuance (docs/acme.md): the CA's ACME directory URL turns it on
     acme_directory: str | None = None
     acme_email: str | None = None
@@ -145,6 +147,7 @@ def init(opts: InitOptions) -> InitResult:
         log_target=haproxy_log,
         user=opts.user,
         tls_keys=Path(settings.tls_keys_file),
+        tls=opts.tls,
         http_bind=_http_bind(opts) if settings.challenge_map else None,
         challenge_map=Path(settings.challenge_map) if settings.challenge_map else None,
         acme_alpn=settings.acme_directory != "" and settings.acme_challenge == "tls-alpn-01",

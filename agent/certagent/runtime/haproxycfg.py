@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from certagent.runtime.tlspolicy import INTERMEDIATE, TlsPolicy, tls_lines
+
 # The Lua action waits for the agent's answer this long beyond the agent's hold, and the
 # connection's inspect-delay leaves this much more, so that the agent always answers first.
 LUA_MARGIN_MS = 1000
@@ -38,6 +40,7 @@ class HAProxyLayout:
     log_target: str = "stdout format raw"  # HAProxy's `log` target (see log_target())
     user: str | None = None  # workers run as this user; it owns the unix sockets
     tls_keys: Path | None = None  # the fleet's session-ticket keys, kept by the agent
+    tls: TlsPolicy = INTERMEDIATE  # protocol versions, ciphers and curves of fe_tls
     # on-demand issuance: fe_http on this address answers HTTP-01 from the challenge map
     # (and redirects everything else to https); TLS-ALPN-01 validations skip the Lua action
     http_bind: str | None = None
@@ -127,6 +130,7 @@ def render_haproxy_cfg(layout: HAProxyLayout) -> str:
         global_user=f"    user {layout.user}\n    group {layout.user}\n" if layout.user else "",
         socket_owner=f" user {layout.user} group {layout.user}" if layout.user else "",
         tls_ticket_keys=f" tls-ticket-keys {layout.tls_keys}" if layout.tls_keys else "",
+        tls_settings=tls_lines(layout.tls),
         acme_alpn_rule=acme_alpn_rule,
         http_frontend=_http_frontend(layout),
     )

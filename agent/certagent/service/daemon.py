@@ -18,7 +18,8 @@ from certagent.api import ApiServer, LoadedSlot, loaded_slots, start_api
 from certagent.api.metrics_listener import start_metrics
 from certagent.config import Settings
 from certagent.errors import AgentError, ConfigError, HAProxyError
-from certagent.runtime.client import RuntimeClient, probe_identity
+from certagent.runtime.build import HAProxyBuild, probe_build
+from certagent.runtime.client import Identity, RuntimeClient, probe_identity
 from certagent.runtime.haproxycfg import HAProxyNames
 from certagent.runtime.loader import Loader
 from certagent.runtime.pool import SlotPool
@@ -132,6 +133,7 @@ class Agent:
             on_issuance=self.ondemand.on_change if self.ondemand else None,
         )
         self.expiry = ExpiryWatch(store, settings.expiry_warning_days)
+        self._build: tuple[Identity, HAProxyBuild] | None = None  # per worker, see status
         # the Lua action's and the CLI's socket
         self.control = ControlServer(
             settings.agent_socket,
@@ -183,6 +185,7 @@ class Agent:
             "agent_pid": os.getpid(),
             "haproxy_pid": identity.pid if identity else None,
             "haproxy_version": identity.version if identity else None,
+            "haproxy_build": await self._haproxy_build(),
             "haproxy_up": haproxy_up,
             "store_up": store_up,
             "capacity": self.pool.capacity,
@@ -215,6 +218,25 @@ class Agent:
                 for s in self.pool.slots
             ]
         return out
+
+    async def _haproxy_build(self) -> dict[str, Any] | None:
+        """The HAProxy version, TLS library, Lua and what differs on them (``status``).
+
+        Asked once per HAProxy worker (a runtime-API command, on 2.6 also
+        ``haproxy -vv``), then kept: status and metrics scrapes cost nothing more.
+        """
+        identity = self.loader.identity
+        if identity is None:
+            return None
+        if self._build is None or self._build[0] != identity:
+            try:
+                build = await probe_build(self.settings.haproxy_socket, identity.version)
+            except HAProxyError as exc:
+                log.warning("cannot tell which HAProxy build runs: %s", exc)
+                return None
+            log.info("HAProxy build: %s", build.describe())
+            self._build = (identity, build)
+        return self._build[1].as_dict()
 
     async def _haproxy_up(self) -> bool:
         """Whether HAProxy's runtime socket answers now (a fresh ``show info``)."""

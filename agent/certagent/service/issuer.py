@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 
 #: How often a waiting issuance asks for one of the fleet's order slots.
 SLOT_POLL = 0.25
+#: Buckets (s) of the wait from a name's first connection to its certificate.
+WAIT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 30.0, 60.0)
 
 
 class FirstConnection(StrEnum):
@@ -157,7 +159,7 @@ class Issuer:
         self.node = node
         self.settings = settings
         self.counters = IssuerCounters()
-        self.wait_seconds = LatencyHistogram()  # first connection -> certificate stored
+        self.wait_seconds = LatencyHistogram(WAIT_BUCKETS)  # first connection -> stored
         self._clock = clock
         self._rand = rand
         self._tasks: dict[str, asyncio.Task[None]] = {}

@@ -159,6 +159,9 @@ class _Snapshot(Collector):
                     "notAfter of the stored certificate that expires first (Unix time)",
                     expiry["soonest"],
                 )
+        issuance = st.get("issuance")
+        if issuance is not None:
+            yield from _issuance(issuance)
         tickets = st.get("tickets")
         if tickets is not None and tickets.get("rotated_at") is not None:
             yield _gauge(
@@ -171,6 +174,57 @@ class _Snapshot(Collector):
                 "Generation of the session-ticket key ring",
                 tickets["generation"],
             )
+
+
+def _issuance(st: Mapping[str, Any]) -> Iterator[Metric]:
+    """On-demand issuance: orders by result, permission answers, the first connection's wait."""
+    orders = CounterMetricFamily(
+        "certagent_acme_orders", "ACME orders this agent placed, by result", labels=["result"]
+    )
+    orders.add_metric(["started"], st["orders_started"])
+    orders.add_metric(["valid"], st["orders_valid"])
+    orders.add_metric(["failed"], st["orders_failed"])
+    yield orders
+    failed = CounterMetricFamily(
+        "certagent_acme_order_failures", "Failed ACME orders, by reason", labels=["reason"]
+    )
+    for reason, count in sorted(st["failed_by_reason"].items()):
+        failed.add_metric([reason], count)
+    yield failed
+    yield _gauge("certagent_acme_pending", "Names this agent is issuing now", st["pending"])
+    permission = st["permission"]
+    answers = CounterMetricFamily(
+        "certagent_acme_permission", "Permission policy answers, by answer", labels=["answer"]
+    )
+    answers.add_metric(["allowed"], permission["allowed"])
+    answers.add_metric(["denied"], permission["denied"])
+    yield answers
+    yield _counter(
+        "certagent_acme_ask_requests", "Requests to the ask endpoint", permission["ask_requests"]
+    )
+    yield _counter(
+        "certagent_acme_fallbacks",
+        "First connections of an allowed name that got the fallback (no certificate in time)",
+        st["fallbacks"],
+    )
+    hist = st["wait_seconds"]
+    buckets = [
+        (_le(bound), count)
+        for bound, count in zip(
+            [*hist["buckets"], float("inf")], _cumulative(hist["counts"]), strict=True
+        )
+    ]
+    yield HistogramMetricFamily(
+        "certagent_acme_first_connection_seconds",
+        "From a name's first connection to its issued certificate in the store, in seconds",
+        buckets=buckets,
+        sum_value=hist["sum"],
+    )
+    yield _gauge(
+        "certagent_acme_challenges_served",
+        "ACME challenge answers this node serves now",
+        st["challenges"]["serving"],
+    )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

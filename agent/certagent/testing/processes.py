@@ -10,6 +10,7 @@ terminal reaches only the Python process, which then stops them in order.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -23,7 +24,13 @@ from typing import TypeVar
 
 import redis
 
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+from certagent.runtime.build import HAProxyBuild, parse_build
+
+#: The HAProxy every test, the demo and the bench start: ``$CERTAGENT_TEST_HAPROXY``
+#: (scripts/test.sh's version matrix sets it to Debian's 3.0, 3.2 or 3.4 build), else PATH's.
+HAPROXY = (
+    os.environ.get("CERTAGENT_TEST_HAPROXY") or shutil.which("haproxy") or "/usr/sbin/haproxy"
+)
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 SLOT_PREFIX = "/certagent/slot-"
 STOP_TIMEOUT = 10.0  # the agent drains for at most 5 s
@@ -36,6 +43,16 @@ T = TypeVar("T")
 
 class StackError(Exception):
     """A process did not start, died, or did not answer in time; the message says which."""
+
+
+@functools.cache
+def haproxy_build() -> HAProxyBuild:
+    """What :data:`HAPROXY` is: its version, OpenSSL and Lua (from ``haproxy -vv``)."""
+    try:
+        out = subprocess.run([HAPROXY, "-vv"], capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"{HAPROXY} -vv failed: {exc}") from exc
+    return parse_build(out.stdout.decode("utf-8", "replace"))
 
 # --- small process and polling helpers --------------------------------------------------
 
@@ -321,6 +338,9 @@ class HAProxyProcess:
         """Start it; with ``wait``, return the worker PID once it answers and listens."""
         if self.running:
             raise StackError("HAProxy is already running")
+        marked = os.environ.get("CERTAGENT_TEST_NO_HAPROXY")  # set by tests/conftest.py
+        if marked:
+            raise StackError(f"{marked} is marked no_haproxy (tests/conftest.py) but starts it")
         self.proc = spawn([HAPROXY, "-W", "-db", "-f", str(self.cfg)], self.log_path)
         return self.wait_ready(timeout) if wait else None
 

@@ -15,7 +15,8 @@ The public API, by section:
 * framing: :class:`Command` (``.encode()``), :func:`encode`, :class:`ReplySplitter`,
   :func:`shown` (a command fit for a log), ``PROMPT``, ``DEFAULT_BUFSIZE``, ``LOCKED``;
 * session: :func:`prompt`; :func:`show_info` -> :func:`parse_show_info`,
-  :func:`parse_identity` (:class:`Identity`); :func:`master_reload` (the master CLI);
+  :func:`parse_identity` (:class:`Identity`); :func:`show_build` (parsed in
+  :mod:`certagent.runtime.build`); :func:`master_reload` (the master CLI);
 * certificates: :func:`show_certs` -> :func:`parse_show_ssl_cert` (:class:`CertList`);
   :func:`show_cert` -> :func:`parse_cert_details` (:class:`CertDetails`);
   :func:`new_cert` -> :func:`check_new_cert`; :func:`set_cert`, :func:`set_cert_ocsp`
@@ -91,6 +92,7 @@ from certagent.runtime.protocol._session import (
     parse_identity,
     parse_show_info,
     prompt,
+    show_build,
     show_info,
 )
 from certagent.runtime.protocol._table import (
@@ -166,6 +168,7 @@ __all__ = [
     "set_mark",
     "set_ocsp_response",
     "set_tls_key",
+    "show_build",
     "show_cert",
     "show_certs",
     "show_crtlist",

@@ -1,4 +1,4 @@
-"""The session: prompt mode, ``show info`` (which HAProxy process), the master's reload."""
+"""The session: prompt mode, ``show info`` (which process), its build, the master's reload."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def prompt() -> Command:
 
 def show_info() -> Command:
     return Command(("show", "info"))
+
+
+def show_build(dev: bool) -> Command:
+    """``show dev`` (3.0+: ``haproxy -vv``'s lines) or ``show libs`` (the executable first).
+
+    Their replies are parsed in :mod:`certagent.runtime.build`.
+    """
+    return Command(("show", "dev" if dev else "libs"))
 
 
 def parse_show_info(reply: str) -> dict[str, str]:
