@@ -300,3 +300,4 @@ def test_a_view_forwards_the_stores_issuance() -> None:
     view: Store = StoreView(store, writer=MemoryStore())
     assert view.issuance() is store.issuance()
     assert store.issuance().shared
+
