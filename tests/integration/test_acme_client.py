@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 import time
@@ -20,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -50,6 +48,7 @@ from certagent.acme import (
 from certagent.acme.jws import b64url
 from certagent.errors import ConfigError
 from certagent.testing import free_port
+from certagent.testing.acmeproxy import AcmeProxy
 from certagent.testing.pebble import Pebble
 from certagent.testing.tlsclient import handshake_async
 
@@ -385,95 +384,14 @@ async def test_ca_down_is_ca_unavailable_quickly(own_pebble: Pebble) -> None:
 # --- what pebble 2.4 lacks: a proxy adds profiles, renewalInfo and a 429 -------------------------
 
 
-@dataclass
-class Double:
-    """An HTTPS proxy in front of pebble that adds what the test asks for."""
-
-    ca: Pebble
-    port: int = 0
-    profiles: dict[str, str] = field(default_factory=dict)
-    windows: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rate_limit_orders: str | None = None  # a Retry-After value: newOrder answers 429
-    new_orders: list[dict[str, Any]] = field(default_factory=list)
-    session: aiohttp.ClientSession | None = None
-
-    @property
-    def directory_url(self) -> str:
-        return f"https://127.0.0.1:{self.port}/dir"
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        if request.path.startswith("/renewal-info/"):
-            window = self.windows.get(request.path.rsplit("/", 1)[1])
-            if window is None:
-                return web.json_response(
-                    {"type": "urn:ietf:params:acme:error:malformed"}, status=404
-                )
-            return web.json_response(window, headers={"Retry-After": "21600"})
-        if request.path == "/order-plz":
-            self.new_orders.append(json.loads(_b64d(json.loads(body)["payload"])))
-            if self.rate_limit_orders is not None:
-                problem = {
-                    "type": "urn:ietf:params:acme:error:rateLimited",
-                    "detail": "too many new orders recently",
-                    "status": 429,
-                }
-                return web.json_response(
-                    problem,
-                    status=429,
-                    headers={"Retry-After": self.rate_limit_orders},
-                    content_type="application/problem+json",
-                )
-        assert self.session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
-        async with self.session.request(
-            request.method,
-            f"https://127.0.0.1:{self.ca.port}{request.path_qs}",
-            data=body or None,
-            headers=headers,  # Host stays ours: pebble builds its URLs from it
-            allow_redirects=False,
-        ) as upstream:
-            data = await upstream.read()
-            passed = {
-                k: v
-                for k, v in upstream.headers.items()
-                if k.lower() in ("replay-nonce", "location", "link", "content-type", "retry-after")
-            }
-        if request.path == "/dir" and request.method == "GET":
-            doc = json.loads(data)
-            if self.profiles:
-                doc["meta"]["profiles"] = self.profiles
-            if self.windows:
-                doc["renewalInfo"] = f"https://127.0.0.1:{self.port}/renewal-info"
-            data = json.dumps(doc).encode()
-        return web.Response(status=upstream.status, body=data, headers=passed)
-
-
-def _b64d(text: str) -> bytes:
-    import base64
-
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 @contextlib.asynccontextmanager
-async def double(ca: Pebble) -> AsyncIterator[Double]:
-    proxy = Double(ca)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(ca.endpoint_cert, ca.endpoint_key)
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    proxy.port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", proxy.port, ssl_context=context).start()
-    proxy.session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=ca.ssl_context()), auto_decompress=False
-    )
+async def double(ca: Pebble) -> AsyncIterator[AcmeProxy]:
+    """:class:`AcmeProxy` (its own thread) for the duration of an async test."""
+    proxy = await asyncio.to_thread(AcmeProxy(ca).start)
     try:
         yield proxy
     finally:
-        await proxy.session.close()
-        await runner.cleanup()
+        await asyncio.to_thread(proxy.stop)
 
 
 async def test_rate_limited_with_retry_after(pebble: Pebble) -> None:
@@ -515,10 +433,16 @@ async def test_renewal_info_and_replaces(pebble: Pebble) -> None:
         leaf = x509.load_pem_x509_certificate(issued.chain_pem)
         assert await client.renewal_info(leaf) is None  # no ARI in the directory yet
         ident = cert_id(leaf)
-        proxy.windows[ident] = {
-            "suggestedWindow": {"start": "2026-01-02T04:00:00Z", "end": "2026-01-03T04:00:00Z"},
-            "explanationURL": "https://ca.example/incident",
+        windows = {
+            ident: {
+                "suggestedWindow": {
+                    "start": "2026-01-02T04:00:00Z",
+                    "end": "2026-01-03T04:00:00Z",
+                },
+                "explanationURL": "https://ca.example/incident",
+            }
         }
+        proxy.window = windows.get
         await client.directory(refresh=True)
         info = await client.renewal_info(leaf)
         assert info is not None and info.retry_after == 21600

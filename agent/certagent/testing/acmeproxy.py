@@ -3,7 +3,7 @@
 ::
 
     with AcmeProxy(pebble) as proxy:          # its own thread and event loop
-        proxy.window = lambda ari_id: {"start": ..., "end": ...}   # ARI (RFC 9773)
+        proxy.window = lambda ari_id: {"suggestedWindow": {"start": ..., "end": ...}}  # ARI
         proxy.rate_limit_orders = "5"         # newOrder answers 429, Retry-After 5
         ...                                   # certagent init --acme-directory proxy.directory_url
 
@@ -28,11 +28,12 @@ from aiohttp import web
 from certagent.testing.pebble import Pebble
 from certagent.testing.processes import free_port
 
-Window = Callable[[str], dict[str, str] | None]
+#: ``window(ari_id)``: the renewalInfo document for a certificate (RFC 9773 §4.2), None: 404
+Window = Callable[[str], dict[str, Any] | None]
 
 
 class AcmeProxy:
-    """See the module docstring.  ``window(ari_id)`` -> suggestedWindow or None (404)."""
+    """See the module docstring.  ``window(ari_id)`` -> a renewalInfo document, or None (404)."""
 
     def __init__(self, ca: Pebble, *, retry_after: int = 21600) -> None:
         self.ca = ca
@@ -67,9 +68,7 @@ class AcmeProxy:
             if window is None:
                 malformed = {"type": "urn:ietf:params:acme:error:malformed"}
                 return web.json_response(malformed, status=404)
-            return web.json_response(
-                {"suggestedWindow": window}, headers={"Retry-After": str(self.retry_after)}
-            )
+            return web.json_response(window, headers={"Retry-After": str(self.retry_after)})
         if request.path == "/order-plz":
             with self._lock:
                 self.new_orders.append(json.loads(_b64d(json.loads(body)["payload"])))
