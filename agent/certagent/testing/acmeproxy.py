@@ -136,6 +136,8 @@ class AcmeProxy:
         finally:
             await self._session.close()
             await runner.cleanup()
+            # let the TLS transports finish closing before the loop does (aiohttp's advice)
+            await asyncio.sleep(0.25)
 
     def start(self) -> AcmeProxy:
         def run() -> None:
