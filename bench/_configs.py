@@ -5,6 +5,9 @@
 * :func:`with_plain_frontend` -- the generated certagent configuration plus a
   second, plain TLS frontend preloading the same certificates from files, for
   the hop scenario (same process, so the same CPU counters).
+* :func:`plain_preload` -- the generated configuration without certagent: fe_tls
+  on the public port preloading every certificate, no Lua and no hop (the floor of
+  ``bench.versions --preload``).
 * :data:`VARIANTS` -- rewrites of the generated configuration that might make
   the hop cheaper; each is a function of the generated text.
 """
@@ -79,6 +82,21 @@ def with_plain_frontend(cfg: str, port: int, crt_list: Path) -> str:
         f"    bind 127.0.0.1:{port} {ssl_options}\n"
         "    default_backend be_app\n"
     )
+
+
+def plain_preload(cfg: str, port: int, crt_list: Path) -> str:
+    """The generated configuration less certagent: no ``lua-load``, no fe_sni and no hop;
+    fe_tls binds ``127.0.0.1:<port>`` itself and preloads ``crt_list``.  Everything else
+    (global tuning, TLS settings, ticket keys, logging, be_app) stays as generated, so a
+    storm measures the same HAProxy doing only the TLS handshakes."""
+    cfg = re.sub(r"^\s*lua-load(?:-per-thread)? \S+\n", "", cfg, flags=re.M)
+    for name in ("fe_sni", "be_certagent_tls"):
+        start, end = _section(cfg, name)
+        cfg = cfg[: cfg.rfind("\n", 0, start - 1) + 1] + cfg[end:]
+    bind = _fe_tls_bind(cfg)
+    ssl_options = re.sub(r"crt-list \S+", f"crt-list {crt_list}", bind.group(1))
+    line = bind.group(0)
+    return cfg.replace(line, line[: line.index("bind ")] + f"bind 127.0.0.1:{port} {ssl_options}")
 
 
 # --- hop variants ------------------------------------------------------------------------

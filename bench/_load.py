@@ -203,6 +203,7 @@ class StormResult:
     launch_span: float  # seconds from the first to the last connection attempt
     seconds: float  # until the last one finished
     errors: dict[str, int]
+    t0: float = 0.0  # when it started, on time.monotonic()'s clock (CLOCK_MONOTONIC)
 
 
 async def storm(
@@ -214,7 +215,7 @@ async def storm(
     latencies: list[float] = []
     errors: dict[str, int] = {}
     launched: list[float] = []
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.monotonic()
 
     async def one(i: int, host: str) -> None:
         await asyncio.sleep(max(0.0, t0 + spread * i / len(hosts) - time.perf_counter()))
@@ -241,6 +242,7 @@ async def storm(
         launch_span=(max(launched) - min(launched)) if launched else 0.0,
         seconds=time.perf_counter() - t0,
         errors=errors,
+        t0=started,
     )
 
 

@@ -145,6 +145,7 @@ def _storm_result(out: bytes, hosts: int) -> StormResult:
             launch_span=float(raw["launch_span"]),
             seconds=float(raw["seconds"]),
             errors=errors,
+            t0=float(raw["t0"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise NativeLoadError(f"tlsload storm printed {out[:200]!r}") from exc
@@ -205,9 +206,14 @@ class NativeProber:
     """:class:`bench._load.Prober` done by ``tlsload probe``: a verified handshake for
     ``host`` every ``interval`` s from a separate process, until the context exits.
 
-    ``__enter__`` returns once the child says ``ready``; ``__exit__`` closes its stdin
-    (which stops it), waits for its JSON and fills ``samples`` (seconds) and
-    ``failures``.  A child that does not stop is killed by its PID.
+    With ``connections`` > 1 the starts keep their schedule (open loop) with up to that
+    many handshakes in flight; with 1 each waits for the one before (the Python
+    prober's behaviour).  ``__enter__`` returns once the child says ``ready``;
+    ``__exit__`` closes its stdin (which stops it), waits for its JSON and fills
+    ``samples`` (seconds), ``starts`` (each sample's start on time.monotonic()'s
+    clock), ``failures``, ``late`` (starts delayed because every connection was busy)
+    and ``cpu_s`` (the prober's own CPU time).  A child that does not stop is killed
+    by its PID.
     """
 
     def __init__(
@@ -218,6 +224,7 @@ class NativeProber:
         cafile: Path,
         interval: float = 0.01,
         timeout: float = TIMEOUT,
+        connections: int = 1,
     ) -> None:
         _check_host(host)
         self._argv = [
@@ -226,12 +233,16 @@ class NativeProber:
             "--cafile", str(cafile),
             "--host", host,
             "--interval", repr(float(interval)),
+            "--connections", str(int(connections)),
             "--timeout", repr(float(timeout)),
         ]  # fmt: skip
         self._timeout = timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self.samples: list[float] = []
+        self.starts: list[float] = []
         self.failures = 0
+        self.late = 0
+        self.cpu_s = 0.0
 
     def __enter__(self) -> NativeProber:
         proc = self._proc = subprocess.Popen(
@@ -254,6 +265,11 @@ class NativeProber:
                 self._stop()
             raise
         return self
+
+    @property
+    def pid(self) -> int | None:
+        """The prober's process ID while it runs (None before ``__enter__``)."""
+        return None if self._proc is None else self._proc.pid
 
     def _first_line(self, proc: subprocess.Popen[bytes]) -> bytes:
         """Its first stdout line, read unbuffered (communicate() reads the rest), bounded."""
@@ -296,6 +312,11 @@ class NativeProber:
         try:
             raw = json.loads(out)
             self.samples = _seconds(raw["samples"], "samples")
+            self.starts = _seconds(raw["starts"], "starts")
             self.failures = int(raw["failures"])
+            self.late = int(raw["late"])
+            self.cpu_s = float(raw["cpu_s"])
         except (ValueError, KeyError, TypeError) as exc:
             raise NativeLoadError(f"tlsload probe printed {out[:200]!r}") from exc
+        if len(self.starts) != len(self.samples):
+            raise NativeLoadError("tlsload probe: as many starts as samples expected")

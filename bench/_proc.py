@@ -1,4 +1,4 @@
-"""CPU readings from /proc shared by the benches: a process's on-CPU time, the machine's."""
+"""From /proc, for every bench: a process's on-CPU time and peak RSS, the machine's CPU."""
 
 from __future__ import annotations
 
@@ -14,6 +14,18 @@ def schedstat_ns(pid: int) -> int:
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile
     return total
+
+
+def hwm_kb(pid: int) -> int:
+    """VmHWM (peak RSS) of ``pid`` in KiB; 0 once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0  # it has just exited: the samples before hold its peak
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
 
 
 def cpu_ticks() -> tuple[int, int]:

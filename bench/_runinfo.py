@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from certagent.testing import HAPROXY
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -42,7 +45,8 @@ def machine() -> dict[str, Any]:
         "cpu_model": cpu,
         "mem_total_gb": round(mem_kb / 1024 / 1024, 1),
         "kernel": platform.release(),
-        "haproxy": " ".join(first_line(["haproxy", "-v"]).split()[:3]),
+        # the build the harness starts: $CERTAGENT_TEST_HAPROXY, else PATH's
+        "haproxy": " ".join(first_line([HAPROXY, "-v"]).split()[:3]),
         "redis": " ".join(first_line(["redis-server", "--version"]).split()[:3]),
         "python": platform.python_version(),
     }
@@ -60,6 +64,29 @@ def fresh_path(out: Path, stem: str, suffix: str) -> Path:
         if not path.exists() and not path.with_suffix(".md").exists():
             return path
         n += 1
+
+
+def run_meta() -> dict[str, Any]:
+    """What every bench result's ``meta`` starts with: UTC date, revision, machine."""
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "revision": git_revision(),
+        "machine": machine(),
+    }
+
+
+def write_results(out: Path, stem: str, text: str, markdown: str | None = None) -> Path:
+    """Write a bench's JSON ``text`` (and its ``markdown`` report beside it) to a fresh path.
+
+    ``out/stem.json`` (and ``.md``), or ``stem-2``... (:func:`fresh_path`): never over an
+    earlier result.  Returns the JSON file's path.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    path = fresh_path(out, stem, ".json")
+    path.write_text(text + "\n")
+    if markdown is not None:
+        path.with_suffix(".md").write_text(markdown)
+    return path
 
 
 def git_revision() -> str:

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.import_rate [--count N] [--repeats R] [--keys shared|distinct]
         [--distinct-count M] [--rsa-count K] [--workers W] [--single-count S] [--cache DIR]
+        [--before OTHER/.venv/bin/certagent]
 
 Prints one JSON document on stdout (progress on stderr).  Each case imports a
 directory of combined PEM files (leaf + intermediate + key, one test CA, every
@@ -11,8 +12,12 @@ into a fresh private ``redis-server`` on a free loopback port (configured by
 certificates per second (median, min, max of the repeats, from the command's
 own wall time measured here), the CPU seconds of the import (the command and
 its worker processes, from ``getrusage(RUSAGE_CHILDREN)``) and of
-redis-server (``/proc/<pid>/stat``), and a check that Redis then holds N
-records and their events.
+redis-server (``/proc/<pid>/stat``), the importer's peak RSS, whether the
+rate held as the store grew (the rate of the last 10 % of records over the
+first 10 %, from Redis's count of records sampled every 0.1 s), and a check
+that Redis then holds N records and their events.  ``--before``: the main
+case also with another revision's ``certagent``, by turns with this one (the
+ratio within one run is the fair comparison on a shared machine).
 
 Cases: ``--count`` files whose leaves share one ECDSA P-256 key (``--keys
 shared``, the default: generating 100,000 key pairs takes minutes) or each
@@ -47,7 +52,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bench._proc import cpu_ticks
+from bench._proc import cpu_ticks, hwm_kb
 from bench._runinfo import git_revision, machine, say
 from certagent.testing import RedisProcess
 from certagent.testing.certs import (
@@ -63,6 +68,7 @@ from certagent.testing.certs import (
 from certagent.testing.processes import certagent_argv, cpu_seconds, free_port
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "certagent-import-bench"
+IDS_KEY = "certagent:ids"  # the sorted set of every record's id (certagent init's prefix)
 _RATE = re.compile(r"imported (\d+) of (\d+) files in ([0-9.]+) s \((\d+)/s\)")
 
 # Runs the import through the one-by-one path (a store backend without bulk adds).
@@ -217,15 +223,17 @@ def wait_idle(limit: float, threshold: float = 0.15) -> tuple[float, float]:
 
 
 def import_once(
-    source: Path, count: int, work: Path, *, workers: int | None, single: bool, idle: float
-) -> dict[str, Any]:
+    source: Path, count: int, work: Path, *, workers: int | None, single: bool, idle: float,
+    command: list[str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """One import into a fresh redis-server; the rate, CPU figures and what Redis holds."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    certagent = command or certagent_argv()
     with RedisProcess(work / "redis") as server:
         assert server.proc is not None
         subprocess.run(
-            [*certagent_argv(), "init", str(work / "cfg"), "--bind", f"127.0.0.1:{free_port()}",
+            [*certagent, "init", str(work / "cfg"), "--bind", f"127.0.0.1:{free_port()}",
              "--store", server.url],
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
@@ -233,23 +241,31 @@ def import_once(
         if single:
             argv = [sys.executable, "-c", _SINGLE, str(config), str(source)]
         else:
-            argv = [*certagent_argv(), "cert", "import", "--config", str(config), str(source)]
+            argv = [*certagent, "cert", "import", "--config", str(config), str(source)]
             if workers is not None:
                 argv += ["--workers", str(workers)]
         busy_before, waited = wait_idle(idle) if idle > 0 else (busy_fraction(0.5), 0.0)
         load_before = os.getloadavg()[0]
         redis_before = cpu_seconds(server.proc.pid)
         started = time.monotonic()
-        with subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        ) as proc:
+        with (
+            subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ) as proc,
+            redis.Redis.from_url(server.url) as watcher,
+        ):
             tree = TreeCpu(proc.pid)
             rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            peak_kb = 0  # the import process's own peak RSS (VmHWM), read while it runs
+            stored: list[tuple[float, int]] = []  # (seconds since start, records in Redis)
             while proc.poll() is None:
                 tree.sample()
+                peak_kb = max(peak_kb, hwm_kb(proc.pid))
+                stored.append((time.monotonic() - started, int(watcher.zcard(IDS_KEY))))
                 time.sleep(0.1)
             stdout, stderr = proc.communicate()
         seconds = time.monotonic() - started
+        stored.append((seconds, count))
         rusage = resource.getrusage(resource.RUSAGE_CHILDREN)
         # the import process itself, exactly, from its rusage; its descendants from /proc
         own = rusage.ru_utime - rusage_before.ru_utime + rusage.ru_stime - rusage_before.ru_stime
@@ -264,7 +280,7 @@ def import_once(
                 f"import failed ({done.returncode}): {summary}\n{done.stderr[-2000:]}"
             )
         with redis.Redis.from_url(server.url) as client:
-            records = int(client.zcard("certagent:ids"))
+            records = int(client.zcard(IDS_KEY))
             events = int(client.xlen("certagent:events"))
             info = client.info("memory")
     match = _RATE.search(summary)
@@ -277,6 +293,7 @@ def import_once(
         "import_cpu_s": round(import_cpu, 2),
         "import_main_cpu_s": round(own, 2),
         "import_processes": tree.processes,
+        "import_main_peak_rss_mb": round(peak_kb / 1024, 1),
         "cpu_busy_before": round(busy_before, 3),
         "waited_for_idle_s": round(waited, 1),
         "loadavg_1min_before": round(load_before, 2),
@@ -287,6 +304,39 @@ def import_once(
         "records": records,
         "events": events,
         "redis_used_memory_mb": round(int(info["used_memory"]) / 1e6, 1),
+        **growth(stored, count),
+    }
+
+
+def _crossing(stored: list[tuple[float, int]], level: float) -> float:
+    """When the stored count reached ``level`` (linear between the two samples around it)."""
+    before = (0.0, 0)
+    for moment, records in stored:
+        if records >= level:
+            span = records - before[1]
+            share = (level - before[1]) / span if span else 1.0
+            return before[0] + share * (moment - before[0])
+        before = (moment, records)
+    return stored[-1][0]
+
+
+def growth(stored: list[tuple[float, int]], count: int) -> dict[str, float]:
+    """Rates of the first and the last 10 % of records (from Redis's ZCARD, sampled every 0.1 s).
+
+    The first 10 % is timed from the first record stored (the worker pool's
+    start and the first batch are not the store's doing); ``last_to_first``
+    below 1 means the import slowed as the store grew.
+    """
+    start = _crossing(stored, 1)
+    first = _crossing(stored, 0.1 * count) - start
+    last = _crossing(stored, count) - _crossing(stored, 0.9 * count)
+    if first <= 0 or last <= 0:
+        return {}
+    first_rate, last_rate = 0.1 * count / first, 0.1 * count / last
+    return {
+        "rate_first_10pct": round(first_rate, 1),
+        "rate_last_10pct": round(last_rate, 1),
+        "last_to_first": round(last_rate / first_rate, 3),
     }
 
 
@@ -300,9 +350,47 @@ def run_case(
         run = import_once(source, count, work, workers=workers, single=single, idle=idle)
         say(f"import_rate: {label}: {run['rate']:,.0f}/s ({run['summary']})")
         runs.append(run)
+    return summarise(label, count, runs, workers=workers, single=single)
+
+
+def run_before_after(
+    label: str, source: Path, count: int, repeats: int, work: Path, before: list[str], *,
+    workers: int | None = None, idle: float = 0.0,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The case with ``before`` (another revision's certagent) and this one, run by turns.
+
+    Turns, not one after the other: the machine's other load changes by the
+    minute, and the ratio of the two in the same minutes is the fair figure.
+    """
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for repeat in range(repeats):
+        for which, command in (("before", before), ("after", None)):
+            say(f"import_rate: {label} ({which}): run {repeat + 1}/{repeats} ...")
+            run = import_once(
+                source, count, work, workers=workers, single=False, idle=idle, command=command
+            )
+            say(f"import_rate: {label} ({which}): {run['rate']:,.0f}/s ({run['summary']})")
+            runs[which].append(run)
+    cases = [
+        summarise(f"{label}, {which}", count, found, workers=workers, single=False)
+        for which, found in runs.items()
+    ]
+    cases[1]["rate_ratio_to_before"] = round(
+        statistics.median(
+            a["rate"] / b["rate"] for a, b in zip(runs["after"], runs["before"], strict=True)
+        ), 2
+    )  # fmt: skip
+    return cases
+
+
+def summarise(
+    label: str, count: int, runs: list[dict[str, Any]], *, workers: int | None, single: bool
+) -> dict[str, Any]:
     rates = [r["rate"] for r in runs]
+    growths = [r["last_to_first"] for r in runs if "last_to_first" in r]
     return {
         "case": label,
+        "last_to_first_median": statistics.median(growths) if growths else None,
         "count": count,
         "workers": "default" if workers is None else workers,
         "path": "one by one (single adds, 8 at a time)" if single else "bulk (cert import)",
@@ -310,6 +398,9 @@ def run_case(
         "rate_min": min(rates),
         "rate_max": max(rates),
         "import_cpu_s_median": statistics.median(r["import_cpu_s"] for r in runs),
+        "import_main_peak_rss_mb_median": statistics.median(
+            r["import_main_peak_rss_mb"] for r in runs
+        ),
         "redis_cpu_s_median": statistics.median(r["redis_cpu_s"] for r in runs),
         "cpu_us_per_cert_median": statistics.median(
             round((r["import_cpu_s"] + r["redis_cpu_s"]) / count * 1e6, 1) for r in runs
@@ -339,6 +430,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                    help="before each run, wait up to SECONDS for other processes to leave"
                    " the CPUs under 15%% busy (0: start at once)")
+    p.add_argument("--before", default=None, metavar="CERTAGENT",
+                   help="also run the main case with this certagent command (another"
+                   " revision's venv/bin/certagent), by turns with this one, and report the ratio")
     p.add_argument("--out", type=Path, default=None,
                    help="also write OUT/<date>-import-rate[-TAG].json and .md (never overwritten)")
     p.add_argument("--tag", default="", help="a suffix for the --out file names")
@@ -352,11 +446,19 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     try:
         main_source = certificates(args.cache, args.count, "ec", args.keys == "distinct")
-        cases.append(run_case(
-            f"ECDSA P-256, {'one key each' if args.keys == 'distinct' else 'one shared key'}",
-            main_source, args.count, args.repeats, work / "run", workers=args.workers,
-            idle=args.wait_idle,
-        ))  # fmt: skip
+        main_label = (
+            f"ECDSA P-256, {'one key each' if args.keys == 'distinct' else 'one shared key'}"
+        )
+        if args.before:
+            cases += run_before_after(
+                main_label, main_source, args.count, args.repeats, work / "run",
+                args.before.split(), workers=args.workers, idle=args.wait_idle,
+            )  # fmt: skip
+        else:
+            cases.append(run_case(
+                main_label, main_source, args.count, args.repeats, work / "run",
+                workers=args.workers, idle=args.wait_idle,
+            ))  # fmt: skip
         if args.distinct_count:
             source = certificates(args.cache, args.distinct_count, "ec", True)
             cases.append(run_case(
@@ -421,17 +523,26 @@ def markdown(result: dict[str, Any]) -> str:
         " processes, and redis-server. Median of the runs, min-max in brackets.",
         "",
         "| case | certificates | rate /s | import CPU s | redis CPU s | CPU µs / cert"
-        " | CPUs busy before |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        " | importer peak RSS MB | last 10 % / first 10 % | CPUs busy before | load avg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in result["cases"]:
         loads = [r["cpu_busy_before"] * 100 for r in case["runs"]]
+        loadavg = [r["loadavg_1min_before"] for r in case["runs"]]
+        growth = case.get("last_to_first_median")
         lines.append(
             f"| {case['case']} ({case['path']}) | {case['count']:,} |"
             f" {case['rate_median']:,.0f} ({case['rate_min']:,.0f}-{case['rate_max']:,.0f}) |"
             f" {case['import_cpu_s_median']:.1f} | {case['redis_cpu_s_median']:.1f} |"
-            f" {case['cpu_us_per_cert_median']:.0f} | {min(loads):.0f}-{max(loads):.0f} % |"
+            f" {case['cpu_us_per_cert_median']:.0f} |"
+            f" {case['import_main_peak_rss_mb_median']:.0f} |"
+            f" {'-' if growth is None else f'{growth:.2f}'} |"
+            f" {min(loads):.0f}-{max(loads):.0f} % | {min(loadavg):.1f}-{max(loadavg):.1f} |"
         )
+    ratios = [c for c in result["cases"] if "rate_ratio_to_before" in c]
+    for case in ratios:
+        lines += ["", f"Rate after / before, median of the runs taken by turns:"
+                  f" x{case['rate_ratio_to_before']:.2f}."]
     return "\n".join(lines) + "\n"
 
 

@@ -21,10 +21,17 @@
  *       are open.  Latency runs from just before connect() to the end of the
  *       handshake; then the connection is closed.  Prints one JSON object:
  *       {"ok", "failed", "latencies", "launch_span", "seconds", "errors"}.
- *   tlsload probe --port P --cafile F --host H --interval I [--timeout T]
- *       Prints "ready" on stdout, then one fresh verified handshake with H every
- *       I seconds until stdin reaches EOF (the parent closes the pipe); then
- *       prints {"samples": [...], "failures": n} on stdout and exits 0.
+ *       "t0" is the start on CLOCK_MONOTONIC (seconds), as Python's time.monotonic().
+ *   tlsload probe --port P --cafile F --host H --interval I [--connections K]
+ *                 [--timeout T]
+ *       Prints "ready" on stdout, then starts one fresh verified handshake with H
+ *       every I seconds (open loop: a slow handshake does not delay the next start)
+ *       with at most K in flight (default 1: then each waits for the one before),
+ *       until stdin reaches EOF (the parent closes the pipe); then prints
+ *       {"samples": [...], "starts": [...], "failures": n, "late": n, "cpu_s": s}
+ *       on stdout and exits 0.  "starts" are the samples' start times on
+ *       CLOCK_MONOTONIC; "late" counts starts delayed because K were in flight;
+ *       "cpu_s" is the prober's own user + system CPU time.
  *
  * Connections go to 127.0.0.1 only.  Exit status 2 for bad arguments or input,
  * 1 for a setup failure (CA file, epoll), 0 otherwise.  A few failure details
@@ -46,12 +53,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_HOST 253
 #define MAX_CONCURRENCY 10000
+#define MAX_PROBE_CONNECTIONS 256
 #define MAX_HOSTS 10000000
 #define MAX_DETAILS 5
 #define DEFAULT_TIMEOUT 10.0
@@ -71,7 +80,8 @@ static void usage(const char *why)
     fprintf(stderr,
             "usage: %s storm --port P --cafile F --concurrency C --spread S [--timeout T]"
             "  (hostnames on stdin)\n"
-            "       %s probe --port P --cafile F --host H --interval I [--timeout T]"
+            "       %s probe --port P --cafile F --host H --interval I [--connections K]"
+            " [--timeout T]"
             "  (until stdin reaches EOF)\n",
             prog, prog);
     exit(2);
@@ -94,6 +104,7 @@ struct options {
     double spread;     /* storm */
     const char *host;  /* probe */
     double interval;   /* probe */
+    long connections;  /* probe: most handshakes in flight at once */
     double timeout;
 };
 
@@ -139,7 +150,7 @@ static double parse_seconds(const char *flag, const char *s, double lo, double h
 static struct options parse_args(int argc, char **argv)
 {
     struct options o = {.port = -1, .concurrency = -1, .spread = -1, .interval = -1,
-                        .timeout = DEFAULT_TIMEOUT};
+                        .connections = 1, .timeout = DEFAULT_TIMEOUT};
     if (argc < 2)
         usage("no mode given");
     if (strcmp(argv[1], "storm") == 0)
@@ -169,6 +180,8 @@ static struct options parse_args(int argc, char **argv)
             o.host = value;
         else if (!o.storm && strcmp(flag, "--interval") == 0)
             o.interval = parse_seconds(flag, value, 0, 3600);
+        else if (!o.storm && strcmp(flag, "--connections") == 0)
+            o.connections = parse_long(flag, value, 1, MAX_PROBE_CONNECTIONS);
         else {
             fprintf(stderr, "%s: unknown option '%s' for %s\n", prog, flag, argv[1]);
             usage(NULL);
@@ -579,7 +592,7 @@ static int storm(const struct options *o)
            last_launch - first_launch, seconds);
     for (int i = 0; i < kinds.n; i++)
         printf("%s\"%s\": %ld", i ? ", " : "", kinds.name[i], kinds.count[i]);
-    printf("}}\n");
+    printf("}, \"t0\": %.9f}\n", t0);
 
     for (size_t i = 0; i < n; i++)
         free(hosts[i]);
@@ -594,107 +607,151 @@ static int storm(const struct options *o)
 
 /* --- probe ------------------------------------------------------------------------------ */
 
-/* Wait until time t, or until stdin reaches EOF (returns 1 then). */
-static int stdin_closed_before(struct loop *lp, double t)
+struct samples {
+    double *latency;
+    double *start;
+    size_t n, cap;
+};
+
+static void add_sample(struct samples *sm, double start, double latency)
 {
-    struct epoll_event ev;
-    for (;;) {
-        double at = now();
-        int ready = epoll_wait(lp->epfd, &ev, 1, wait_ms(t, at));
-        if (ready < 0 && errno != EINTR) {
-            perror("epoll_wait");
-            return 1;
+    if (sm->n == sm->cap) {
+        sm->cap = sm->cap ? sm->cap * 2 : 1024;
+        sm->latency = realloc(sm->latency, sm->cap * sizeof *sm->latency);
+        sm->start = realloc(sm->start, sm->cap * sizeof *sm->start);
+        if (sm->latency == NULL || sm->start == NULL) {
+            perror("realloc");
+            exit(1);
         }
-        if (ready > 0) {
-            char buf[256];
-            ssize_t got = read(STDIN_FILENO, buf, sizeof buf);
-            if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
-                return 1;
-            continue;  /* anything written to stdin is ignored */
-        }
-        if (now() >= t)
-            return 0;
     }
+    sm->latency[sm->n] = latency;
+    sm->start[sm->n++] = start;
 }
 
-/* One handshake with its own epoll set (stdin is not in it); latency or -1. */
-static double probe_once(struct loop *lp, const char *host)
+static double cpu_seconds(void)
 {
-    struct conn c = {.state = FREE, .fd = -1};
-    struct epoll_event ev;
-    const char *kind = conn_start(lp, &c, host);
-    while (kind != NULL && kind[0] == '\0') {
-        double t = now();
-        if (t >= c.deadline) {
-            detail(lp, &c, E_TIMEOUT, "no handshake within the timeout");
-            kind = E_TIMEOUT;
-            break;
-        }
-        int ready = epoll_wait(lp->epfd, &ev, 1, wait_ms(c.deadline, t));
-        if (ready < 0 && errno != EINTR) {
-            kind = "OSError";
-            break;
-        }
-        if (ready > 0)
-            kind = conn_step(lp, &c);
-    }
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return -1;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* One handshake is over (kind NULL: verified): note it and free its slot. */
+static void probe_done(struct loop *lp, struct conn *c, const char *kind, struct samples *sm,
+                       long *failures)
+{
     if (kind == NULL) {
-        double latency = now() - c.start;
-        conn_finish(lp, &c);
-        return latency;
+        add_sample(sm, c->start, now() - c->start);
+        conn_finish(lp, c);
+    } else {
+        (*failures)++;
+        conn_close(lp, c);
     }
-    conn_close(lp, &c);
-    return -1;
 }
 
 static int probe(const struct options *o)
 {
     struct loop lp;
     loop_init(&lp, o);
-    int stdin_ep = epoll_create1(EPOLL_CLOEXEC);
+    /* stdin shares the epoll set: its event has data.ptr NULL */
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    if (stdin_ep < 0 || epoll_ctl(stdin_ep, EPOLL_CTL_ADD, STDIN_FILENO, &ev) != 0) {
+    if (epoll_ctl(lp.epfd, EPOLL_CTL_ADD, STDIN_FILENO, &ev) != 0) {
         fprintf(stderr, "%s: probe needs stdin to be a pipe (its EOF stops the probe): %s\n",
                 prog, strerror(errno));
         return 2;
     }
-    struct loop stdin_loop = {.epfd = stdin_ep};
-
-    size_t n = 0, cap = 1024;
-    long failures = 0;
-    double *samples = malloc(cap * sizeof *samples);
-    if (samples == NULL) {
+    size_t slots = (size_t)o->connections;
+    struct conn *conns = calloc(slots, sizeof *conns);
+    struct epoll_event *events = malloc((slots + 1) * sizeof *events);
+    if (conns == NULL || events == NULL) {
         perror("malloc");
         return 1;
     }
+    for (size_t i = 0; i < slots; i++) {
+        conns[i].state = FREE;
+        conns[i].fd = -1;
+    }
+    struct samples sm = {0};
+    long failures = 0, late = 0;
+    size_t active = 0;
+    int stopping = 0;
     printf("ready\n");
     fflush(stdout);
 
     double next_at = now();
-    while (!stdin_closed_before(&stdin_loop, next_at)) {
-        double latency = probe_once(&lp, o->host);
-        if (latency < 0) {
-            failures++;
-        } else {
-            if (n == cap) {
-                cap *= 2;
-                double *bigger = realloc(samples, cap * sizeof *samples);
-                if (bigger == NULL) {
-                    perror("realloc");
-                    return 1;
-                }
-                samples = bigger;
-            }
-            samples[n++] = latency;
+    int was_late = 0;  /* the due start is waiting for a free slot (counted once) */
+    while (!stopping) {
+        double t = now();
+        /* Every start whose time has come, while a slot is free. */
+        while (t >= next_at && active < slots) {
+            struct conn *c = conns;
+            while (c->state != FREE)
+                c++;
+            const char *kind = conn_start(&lp, c, o->host);
+            if (kind[0] == '\0')
+                active++;
+            else
+                probe_done(&lp, c, kind, &sm, &failures);
+            next_at += o->interval;
+            was_late = 0;
+            t = now();
         }
-        next_at += o->interval;
+        if (t >= next_at && active == slots && !was_late) {
+            late++;
+            was_late = 1;
+        }
+        double wake = active < slots ? next_at : t + 60;
+        for (size_t i = 0; i < slots; i++)
+            if (conns[i].state != FREE && conns[i].deadline < wake)
+                wake = conns[i].deadline;
+        int ready = epoll_wait(lp.epfd, events, (int)slots + 1, wait_ms(wake, t));
+        if (ready < 0 && errno != EINTR) {
+            perror("epoll_wait");
+            return 1;
+        }
+        for (int i = 0; i < ready; i++) {
+            struct conn *c = events[i].data.ptr;
+            if (c == NULL) {
+                char buf[256];
+                ssize_t got = read(STDIN_FILENO, buf, sizeof buf);
+                if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
+                    stopping = 1;
+                continue;  /* anything written to stdin is ignored */
+            }
+            if (c->state == FREE)
+                continue;
+            const char *kind = conn_step(&lp, c);
+            if (kind != NULL && kind[0] == '\0')
+                continue;
+            probe_done(&lp, c, kind, &sm, &failures);
+            active--;
+        }
+        t = now();
+        for (size_t i = 0; i < slots; i++) {
+            struct conn *c = &conns[i];
+            if (c->state != FREE && t >= c->deadline) {
+                detail(&lp, c, E_TIMEOUT, "no handshake within the timeout");
+                probe_done(&lp, c, E_TIMEOUT, &sm, &failures);
+                active--;
+            }
+        }
     }
+    /* Handshakes still in flight at EOF are dropped: neither samples nor failures. */
+    for (size_t i = 0; i < slots; i++)
+        if (conns[i].state != FREE)
+            conn_close(&lp, &conns[i]);
 
     printf("{\"samples\": ");
-    print_seconds(samples, n);
-    printf(", \"failures\": %ld}\n", failures);
-    free(samples);
-    close(stdin_ep);
+    print_seconds(sm.latency, sm.n);
+    printf(", \"starts\": ");
+    print_seconds(sm.start, sm.n);
+    printf(", \"failures\": %ld, \"late\": %ld, \"cpu_s\": %.6f}\n", failures, late,
+           cpu_seconds());
+    free(sm.latency);
+    free(sm.start);
+    free(conns);
+    free(events);
     close(lp.epfd);
     SSL_CTX_free(lp.ctx);
     return fflush(stdout) == 0 ? 0 : 1;

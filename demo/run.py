@@ -11,8 +11,11 @@ certificates for ``site-NNNN.demo.test`` (ECDSA P-256, one demo CA), starts
 ``haproxy -W -db`` and ``certagent run``, then makes verified TLS handshakes:
 cold (host never seen), warm (second time), a concurrent burst, hosts whose
 slot was recycled, and one unknown host (served the default certificate).
-It prints a summary and stops every process it started, by PID.  Exit status
-1 if any handshake went wrong.
+Then, if Debian's ``pebble`` is there (``scripts/install.sh`` installs it), a
+few never-seen names under ``ondemand.demo.test`` get a certificate from it on
+their first connection (:mod:`demo.ondemand`; skipped, with a message, if pebble
+cannot start).  It prints a summary and stops every process it started, by PID.
+Exit status 1 if any handshake went wrong.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import shutil
 import signal
 import ssl
@@ -42,8 +46,8 @@ from certagent.testing import (
     StackError,
     free_port,
     tlsclient,
-    write_key_file,
 )
+from demo import ondemand
 
 REPO = Path(__file__).resolve().parent.parent
 DOMAIN = "demo.test"
@@ -73,6 +77,7 @@ class Results:
     latencies: dict[str, list[float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     fallback: str = ""
+    cli_add: str = ""
     distinct: int = 0
     seconds: float = 0.0
 
@@ -122,6 +127,33 @@ def check_fallback(results: Results, ctx: ssl.SSLContext, port: int, name: str) 
     return "unexpected: verified"
 
 
+def check_cli_add(
+    results: Results, ctx: ssl.SSLContext, port: int, layout: Layout, pki: PKI
+) -> str:
+    """``certagent cert add --config`` (the agent's key file) for a new host; then it is served."""
+    name = f"cli-added.{DOMAIN}"
+    pem = layout.workdir / f"{name}.pem"
+    pem.write_bytes(b"".join(pki.chain_and_key(name)))
+    env = {k: v for k, v in os.environ.items() if k != "CERTAGENT_KEY_FILE"}
+    certagent = Path(sys.executable).parent / "certagent"
+    argv = [str(certagent), "cert", "add", "--config", str(layout.config), "--cert", str(pem)]
+    added = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    if added.returncode != 0:
+        results.failures.append(f"cert add: {name}: {added.stderr.strip()}")
+        return f"refused: {added.stderr.strip()[:200]}"
+    deadline = time.monotonic() + 3.0
+    while True:
+        try:
+            handshake(ctx, port, name)
+        except (OSError, DemoError) as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            results.failures.append(f"cert add: {name}: stored, but not served: {exc}")
+            return f"stored, not served: {exc}"
+        return f"{name} added with certagent cert add --config {rel(layout.config)}, then served"
+
+
 def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
@@ -144,10 +176,6 @@ class Layout:
     @property
     def ca(self) -> Path:
         return self.workdir / "demo-ca.pem"
-
-    @property
-    def key_file(self) -> Path:
-        return self.workdir / "certagent.keys"
 
 
 def prepare_workdir(workdir: Path) -> None:
@@ -194,6 +222,8 @@ class Running:
 
     redis: RedisProcess | None = None
     stack: Stack | None = None
+    ca: ondemand.DemoCa | None = None  # pebble, when the on-demand part runs
+    pki: PKI | None = None
     records: int = 0
 
     def check_alive(self) -> None:
@@ -201,13 +231,19 @@ class Running:
             self.redis.check_alive()
         if self.stack is not None:
             self.stack.check_alive()
+        if self.ca is not None and not self.ca.pebble.running:
+            raise DemoError(f"pebble exited:\n{self.ca.pebble.log_tails()}")
 
     def stop(self) -> list[str]:
         report: list[str] = []
-        if self.stack is not None:
-            report += self.stack.close()
-        if self.redis is not None:
-            report += self.redis.stop()
+        try:
+            if self.stack is not None:
+                report += self.stack.close()
+        finally:
+            if self.ca is not None:
+                report += self.ca.pebble.stop()
+            if self.redis is not None:
+                report += self.redis.stop()
         return report
 
 
@@ -217,25 +253,36 @@ def start_stack(args: argparse.Namespace, layout: Layout, running: Running) -> S
     redis.start(timeout=START_TIMEOUT)
     say(f"demo: redis-server on 127.0.0.1:{redis.port} (data in {layout.redis_dir})")
 
+    acme: list[str] = []
+    if args.ondemand:
+        running.ca = ondemand.start_ca(layout.workdir / "pebble", say, START_TIMEOUT)
+        if running.ca is not None:
+            acme = ondemand.init_args(running.ca.pebble)
+
     tls_port = free_port()
     say(
         f"demo: certagent init {rel(layout.workdir)} --bind 127.0.0.1:{tls_port} "
         f"--store {redis.url} --capacity {args.capacity} --run-dir {layout.run_dir}"
+        + "".join(f" {a}" for a in acme)
     )
     stack = running.stack = Stack.create(
         layout.workdir,
         store=redis.url,
         cafile=layout.ca,
-        key_file=write_key_file(layout.key_file),
         capacity=args.capacity,
         run_dir=layout.run_dir,
         log_dir=layout.logdir,
         port=tls_port,
+        init_args=acme,
     )
+    if acme:
+        ondemand.allow_suffix(layout.config)
+        say(f'demo: acme_allow_suffixes = "{ondemand.SUFFIX}" in {rel(layout.config)}')
 
     started = time.monotonic()
-    pki = PKI.create(layout.ca, "certagent demo CA")
-    store = RedisFixture(redis.url, layout.key_file)
+    pki = running.pki = PKI.create(layout.ca, "certagent demo CA")
+    # the data key `certagent init` made: the agent and `certagent cert ... --config` use it too
+    store = RedisFixture(redis.url, Path(stack.settings.key_file))
     store.put((pki.bundle(host(i)) for i in range(1, args.certs + 1)), concurrency=16)
     say(
         f"demo: stored {args.certs} certificates {host(1)} .. {host(args.certs)} in "
@@ -283,7 +330,12 @@ def run_handshakes(args: argparse.Namespace, layout: Layout, port: int) -> Resul
 
 
 def summary(
-    args: argparse.Namespace, stack: Stack, running: Running, results: Results, layout: Layout
+    args: argparse.Namespace,
+    stack: Stack,
+    running: Running,
+    results: Results,
+    layout: Layout,
+    on_demand: ondemand.OnDemandResults | None,
 ) -> str:
     status = stack.status()
     ensure, loader = status["ensure"], status["loader"]
@@ -314,11 +366,13 @@ def summary(
             )
     out += [
         f"  {'host not in the store':<28}{1:>6}  {results.fallback}",
+        f"  {'host added by the CLI':<28}{1:>6}  {results.cli_add}",
         "",
         f"slots            {status['slots_used']} / {status['capacity']} loaded "
         f"({results.distinct} hosts asked for: least recently used slots recycled)",
         "agent ensure     " + ", ".join(f"{k} {v}" for k, v in ensure.items()),
         "agent loader     " + ", ".join(f"{k} {v}" for k, v in loader.items()),
+        *ondemand.summary_lines(on_demand, status),
         f"HAProxy worker   pid {worker_pid}, VmRSS {rss_kib / 1024:.1f} MiB",
         f"failures         {len(results.failures)}",
     ]
@@ -328,9 +382,16 @@ def summary(
     return "\n".join(out)
 
 
-def try_it(args: argparse.Namespace, layout: Layout, stack: Stack) -> str:
+def try_it(args: argparse.Namespace, layout: Layout, stack: Stack, running: Running) -> str:
     name = host(42)
     certagent_bin = Path(sys.executable).parent / "certagent"
+    new = f"any-new-name.{ondemand.SUFFIX}"
+    on_demand = (
+        f"\n  curl --cacert {rel(running.ca.root)} --resolve {new}:{stack.port}:127.0.0.1"
+        f" https://{new}:{stack.port}/      # issued on this first connection"
+        if running.ca is not None
+        else ""
+    )
     return (
         "\nTry it by hand"
         + ("" if args.keep else " (run the demo with --keep to leave it up)")
@@ -339,6 +400,7 @@ def try_it(args: argparse.Namespace, layout: Layout, stack: Stack) -> str:
         f" -CAfile {layout.ca}"
         f"\n  curl --cacert {layout.ca} --resolve {name}:{stack.port}:127.0.0.1"
         f" https://{name}:{stack.port}/"
+        f"{on_demand}"
         f"\n  {rel(certagent_bin)} status --config {rel(layout.config)}"
         f"\nLogs: {rel(layout.logdir)}/"
     )
@@ -349,10 +411,18 @@ def demo(args: argparse.Namespace, layout: Layout, running: Running) -> int:
     started = time.monotonic()
     stack = start_stack(args, layout, running)
     results = run_handshakes(args, layout, stack.port)
+    on_demand = None
+    if running.ca is not None:
+        on_demand = ondemand.first_connections(stack.port, running.ca.root, say)
+        results.failures += on_demand.failures
+    assert running.pki is not None
+    say("demo: certagent cert add --config ... (the CLI uses the agent's data key) ...")
+    ctx = ssl.create_default_context(cafile=str(layout.ca))
+    results.cli_add = check_cli_add(results, ctx, stack.port, layout, running.pki)
     running.check_alive()
-    say(summary(args, stack, running, results, layout))
+    say(summary(args, stack, running, results, layout, on_demand))
     say(f"elapsed          {time.monotonic() - started:.1f} s")
-    say(try_it(args, layout, stack))
+    say(try_it(args, layout, stack, running))
     rc = 1 if results.failures else 0
     if args.keep:
         say("\nEverything stays up until Ctrl-C.")
@@ -375,6 +445,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--workers", type=int, default=16, help="concurrent clients in the burst (16)")
     p.add_argument("--workdir", type=Path, default=REPO / "demo-run", help="(./demo-run)")
+    p.add_argument(
+        "--no-ondemand",
+        dest="ondemand",
+        action="store_false",
+        help="skip the on-demand part (names issued by a loopback pebble on first connection)",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.certs <= 9999:
         p.error("--certs must be 1..9999")

@@ -5,13 +5,14 @@
 #   2.6  Debian 12's own (PATH)              the whole suite (unit + integration)
 #   3.0  Debian 13 (trixie)                  the integration tests that start HAProxy,
 #                                            but the heavy ones
-#   3.2  Debian unstable (sid)               the integration tests that start HAProxy
+#   3.2  Debian unstable (sid)               the same
 #   3.4  Debian experimental                 the runtime-API integration tests
 #
 # The 3.x binaries come from Debian's packages, made runnable here and cached outside the
 # checkout by scripts/haproxy-versions.sh (the first run builds the cache, ~4 min); pytest
 # picks each through CERTAGENT_TEST_HAPROXY and names it in its header. Which tests each run
-# leaves out, and why, is in tests/conftest.py (marks no_haproxy, heavy and runtime_api).
+# leaves out, and why, is in tests/conftest.py (marks no_haproxy, heavy, own_builds and
+# runtime_api).
 #
 # Every step runs even if an earlier one failed; exits 1 if any failed. Extra arguments go
 # to every pytest run, e.g. `bash scripts/test.sh -k loader -x`; with extra arguments a 3.x
@@ -98,13 +99,8 @@ for version in $VERSIONS; do
                 failed+=("HAProxy $version build")
                 continue
             fi
-            if [ "$version" = 3.0 ]; then
-                step "pytest, HAProxy 3.0 (Debian $suite): integration tests that start HAProxy, but the heavy ones" \
-                    pytest_on "${BUILT[$suite]}" -m "integration and not no_haproxy and not heavy" "$@"
-            else
-                step "pytest, HAProxy 3.2 (Debian $suite): integration tests that start HAProxy" \
-                    pytest_on "${BUILT[$suite]}" -m "integration and not no_haproxy" "$@"
-            fi
+            step "pytest, HAProxy $version (Debian $suite): integration tests that start HAProxy, but the heavy ones" \
+                pytest_on "${BUILT[$suite]}" -m "integration and not no_haproxy and not heavy and not own_builds" "$@"
             ;;
         3.4)
             if [ -z "${BUILT[experimental]:-}" ]; then

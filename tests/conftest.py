@@ -11,8 +11,11 @@ sit in one place, choose what those runs leave out:
 * ``runtime_api``: the modules that exercise HAProxy's runtime API and TLS side
   most directly, run on 3.4 too.
 * ``heavy``: long tests whose subject does not change with HAProxy's version (the
-  bench's own smoke runs, a Redis failover, a bulk import, a flood of made-up
-  names): run on 2.6 and 3.2, left out on 3.0, to keep CI under 30 minutes.
+  bench's own smoke runs, the demo, a Redis failover, a bulk import, a flood of
+  made-up names, renewal): run on 2.6 only, left out on 3.0 and 3.2, to keep CI
+  under 30 minutes (on 3.2 the bench's smoke runs alone took 4 minutes).
+* ``own_builds``: tests that start every HAProxy build they compare themselves
+  (``python -m bench.versions``): run once, in the 2.6 run.
 
 The header of each run names the HAProxy under test and the marks it leaves out.
 """
@@ -30,10 +33,15 @@ NO_HAPROXY = {
     "test_api",
     "test_api_schemathesis",
     "test_bench_import_rate",
+    "test_cert_ls",
     "test_cli_cluster",
     "test_import_bulk",
     "test_packaging",
     "test_redisha_harness",
+    "test_renewal_schedule",
+    "test_store_datakeys",
+    "test_store_issuance_directory",
+    "test_store_issuance_redis",
     "test_store_redis",
     "test_store_redis_bulk",
     "test_store_redis_ha",
@@ -51,11 +59,22 @@ RUNTIME_API = {
 }
 
 HEAVY = {
+    "test_acme_renewal",
+    "test_acme_retry_after",
+    "test_bench_issuance",
+    "test_bench_million",
+    "test_bench_renewal",
     "test_bench_smoke",
+    "test_datakeys",
+    "test_demo",
     "test_failover",
+    "test_filter_snapshot",
     "test_flood.py::test_a_flood_of_random_names_never_reaches_the_store",
     "test_live.py::test_bulk_import_of_10000_with_a_corrupt_file",
+    "test_scale.py::test_status_json_with_thousands_of_loaded_slots_answers_in_full",
 }
+
+OWN_BUILDS = {"test_bench_versions"}
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -83,6 +102,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         function = getattr(item, "originalname", item.name)
         if module in HEAVY or f"{module}.py::{function}" in HEAVY:
             item.add_marker(pytest.mark.heavy)
+        if module in OWN_BUILDS:
+            item.add_marker(pytest.mark.own_builds)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,9 @@ serves (positions are indexes into that list).  :meth:`MemoryStore.issuance` has
 every issuance role, with the Redis store's semantics (fencing tokens,
 ``add_issued`` refused with LeaseLost unless its lease is current, entries that
 lapse) on the clock ``MemoryStore.clock`` (Unix seconds; replace it to move time):
-the in-memory roles of :mod:`certagent.store.localissuance`.  Several "nodes" share
+the in-memory roles of :mod:`certagent.store.localissuance` and
+:mod:`certagent.store.localrenewals` (a delete drops the schedule entries of the
+names no record holds any more).  Several "nodes" share
 one MemoryStore as a fleet shares one Redis (``issuance_shared`` says what
 ``Issuance.shared`` says).  With ``available`` False every call, issuance
 included, raises StoreUnavailable.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -36,7 +39,7 @@ from certagent.certs.pem import CertBundle
 from certagent.errors import ChangesLost, DuplicateCertificate, NotFound, StoreUnavailable
 from certagent.store.base import CertRecord, Change, Page, StoredCertificate
 from certagent.store.directory import LocalRing
-from certagent.store.issuance import Issuance
+from certagent.store.issuance import ACME_MANAGED, Issuance
 from certagent.store.localissuance import (
     LocalBoard,
     LocalLimits,
@@ -44,6 +47,7 @@ from certagent.store.localissuance import (
     MemoryAccounts,
     MemoryDomains,
 )
+from certagent.store.localrenewals import LocalRenewals
 from certagent.store.records import candidate_names
 
 
@@ -65,6 +69,28 @@ class _Guarded:
 
 
 @dataclass
+class MemorySlot:
+    """The name filter snapshot's slot: bytes in memory, with a count of reads and writes."""
+
+    data: bytes | None = None
+    reads: int = 0
+    writes: int = 0
+
+    def describe(self) -> str:
+        return "memory://namefilter"
+
+    async def read(self, limit: int | None = None) -> bytes | None:
+        self.reads += 1
+        if self.data is None:
+            return None
+        return self.data if limit is None else self.data[:limit]
+
+    async def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.data = data
+
+
+@dataclass
 class MemoryStore:
     records: dict[str, tuple[CertRecord, CertBundle]] = field(default_factory=dict)
     available: bool = True
@@ -74,7 +100,9 @@ class MemoryStore:
     #: Unix seconds now, for the issuance roles' expiries
     clock: Callable[[], float] = time.time
     issuance_shared: bool = True
+    snapshot_slot: MemorySlot = field(default_factory=lambda: MemorySlot())
     _issuance: Issuance | None = field(default=None, repr=False)
+    _renewals: LocalRenewals | None = field(default=None, repr=False)
     _wake: asyncio.Event | None = field(default=None, repr=False)
 
     def emit(self, change: Change) -> None:
@@ -171,7 +199,28 @@ class MemoryStore:
         self.writes += 1
         record = self.records.pop(cert_id)[0]
         self.emit(Change("delete", cert_id, record.names))
+        await self._schedule().unschedule_orphans(record.names)
         return record
+
+    # --- the renewal schedule's questions to the store ------------------------------------
+
+    def _schedule(self) -> LocalRenewals:
+        if self._renewals is None:
+            self._renewals = LocalRenewals(self._holds, self._mark)
+        return self._renewals
+
+    async def _holds(self, name: str) -> bool:
+        return any(name in r.names for r, _ in self.records.values())
+
+    async def _mark(self, name: str) -> float:
+        """Mark the records holding ``name`` managed (``Renewals.manage``); latest not_after."""
+        held = [i for i, (r, _) in sorted(self.records.items()) if name in r.names]
+        if not held:
+            raise NotFound(f"memory://: no certificate holds {name}")
+        for cert_id in held:
+            record, bundle = self.records[cert_id]
+            self.records[cert_id] = (dataclasses.replace(record, managed=ACME_MANAGED), bundle)
+        return max(self.records[i][0].not_after.timestamp() for i in held)
 
     async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
         self._check()
@@ -242,6 +291,9 @@ class MemoryStore:
     def bulk(self) -> None:
         return None
 
+    def filter_snapshot(self) -> MemorySlot:
+        return self.snapshot_slot
+
     def issuance(self) -> Issuance:
         if self._issuance is None:
 
@@ -253,10 +305,11 @@ class MemoryStore:
 
             self._issuance = Issuance(
                 accounts=guard(MemoryAccounts(now)),
-                locks=guard(LocalLocks(self._add, now)),
+                locks=guard(LocalLocks(self._add, now, self._schedule())),
                 challenges=guard(LocalBoard(self.emit, now)),
                 domains=guard(MemoryDomains(self.emit, now)),
                 limits=guard(LocalLimits(now)),
+                renewals=guard(self._schedule()),
                 shared=self.issuance_shared,
             )
         return self._issuance

@@ -176,12 +176,36 @@ class Settings:
     # after a failed order the name waits this long, doubling up to the max (s)
     acme_backoff_min: float = 10.0
     acme_backoff_max: float = 3600.0
+    # the fleet's issuance budget, counted in the store (0 = no limit): orders per hour,
+    # orders per week under one registered domain (eTLD+1), and the share of both that
+    # only renewals may use (new names get the rest)
+    acme_rate_per_hour: int = 0
+    acme_domain_per_week: int = 0
+    acme_renewal_reserve: float = 0.2
     # this agent's name in the fleet (challenge acks, leases); "" = host name + agent socket
     acme_node: str = ""
     # the HTTP-01 answers' map file exactly as written in haproxy.cfg ("" = no fe_http)
     challenge_map: str = ""
     # crt-list slots kept for TLS-ALPN-01 answers (each serves one name being validated)
     challenge_slots: int = 4
+    # --- renewal of ACME-managed certificates (with acme_directory), docs/acme.md ----------
+    # seconds between reads of the renewal schedule; 0 = this node does not renew
+    renew_tick: float = 10.0
+    # due entries read per tick, and renewals running on this node at once, at most
+    renew_batch: int = 100
+    renew_concurrency: int = 4
+    # renewal moves by up to this share of the lifetime either way of 2/3 (1/2 under 10 days)
+    renew_jitter: float = 0.05
+    # the CA's renewalInfo (ARI) is asked again after its Retry-After, clamped to these (s)
+    renew_ari_min: float = 60.0
+    renew_ari_max: float = 86400.0
+    # after a failed renewal: retry after this, doubling up to the max (s) ...
+    renew_retry_min: float = 60.0
+    renew_retry_max: float = 21600.0
+    # ... never planned later than this long before expiry (s)
+    renew_margin: float = 3600.0
+    # an entry this long past its renewal time counts as overdue (status, metrics) (s)
+    renew_overdue_grace: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -285,8 +309,29 @@ class Settings:
             raise ConfigError("acme_backoff_min must be positive and at most acme_backoff_max")
         if self.acme_allow_ttl < 0 or self.acme_deny_ttl < 0:
             raise ConfigError("acme_allow_ttl and acme_deny_ttl must not be negative")
+        if self.acme_rate_per_hour < 0 or self.acme_domain_per_week < 0:
+            raise ConfigError(
+                "acme_rate_per_hour and acme_domain_per_week must be 0 (no limit) or more"
+            )
+        if not 0 <= self.acme_renewal_reserve < 1:
+            raise ConfigError("acme_renewal_reserve must be at least 0 and below 1 (a share)")
         if bool(self.acme_eab_kid) != bool(self.acme_eab_hmac_file):
             raise ConfigError("acme_eab_kid and acme_eab_hmac_file go together: set both")
+        self._check_renew()
+
+    def _check_renew(self) -> None:
+        if self.renew_tick < 0 or self.renew_batch < 1 or self.renew_concurrency < 1:
+            raise ConfigError(
+                "renew_tick must not be negative, renew_batch and renew_concurrency at least 1"
+            )
+        if not 0 <= self.renew_jitter <= 0.15:
+            raise ConfigError("renew_jitter must be between 0 and 0.15 (a share of the lifetime)")
+        if not 0 < self.renew_ari_min <= self.renew_ari_max:
+            raise ConfigError("renew_ari_min must be positive and at most renew_ari_max")
+        if not 0 < self.renew_retry_min <= self.renew_retry_max:
+            raise ConfigError("renew_retry_min must be positive and at most renew_retry_max")
+        if self.renew_margin < 0 or self.renew_overdue_grace < 0:
+            raise ConfigError("renew_margin and renew_overdue_grace must not be negative")
 
 
 def parse_bind(value: str, what: str = "api_bind") -> tuple[str, int]:

@@ -166,6 +166,19 @@ class KeyDecryptError(StoreError):
     """An encrypted private key cannot be decrypted (unknown data key, wrong record, altered)."""
 
 
+class ForeignDataKey(ConfigError):
+    """A writer's data key is not one the fleet's agents hold: they could not read its record.
+
+    ``key_id`` is the writer's current data key, ``fleet`` the key ids every
+    agent that announced itself holds (empty if they share none).
+    """
+
+    def __init__(self, message: str, key_id: str, fleet: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+        self.fleet = fleet
+
+
 # --- HAProxy runtime API --------------------------------------------------------
 
 

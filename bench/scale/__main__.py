@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import _native
 from bench._certs import Leaves
-from bench._runinfo import RESULTS, fresh_path, git_revision, machine, say
+from bench._runinfo import RESULTS, run_meta, say, write_results
 from bench.scale import at_rest, hit_ratio, new_host, recycles, reload, storm
 from bench.scale.common import Env, Sizes
 from bench.scale.report import markdown, targets
@@ -116,9 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     result: dict[str, Any] = {
         "meta": {
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "revision": git_revision(),
-            "machine": machine(),
+            **run_meta(),
             "smoke": args.smoke,
             "sizes": sizes.__dict__,
         }
@@ -153,11 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["profiles"] = latest_profiles(args.out)
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = dt.date.today().isoformat() + ("-scale-smoke" if args.smoke else "-scale")
-    path = fresh_path(args.out, stem, ".json")
-    path.write_text(text + "\n")
-    path.with_suffix(".md").write_text(markdown(result))
+    path = write_results(args.out, stem, text, markdown(result))
     say(f"bench.scale: wrote {path} and {path.with_suffix('.md')}")
     return 0
 

@@ -46,7 +46,7 @@ def storm_scenario(env: Env, sizes: Sizes, leaves: Leaves, native: Path | None) 
         pids = env.pids(stack)
         runs = []
         for r, wave in enumerate(waves):
-            idle = _probe(env, stack, warm_host, native, lambda: time.sleep(1.0))
+            idle = probe(env, stack, warm_host, native, lambda: time.sleep(1.0))
             result: list[StormResult] = []
             used: list[tuple[Cpu, float]] = []
 
@@ -56,11 +56,11 @@ def storm_scenario(env: Env, sizes: Sizes, leaves: Leaves, native: Path | None) 
                 cpus: list[tuple[Cpu, float]] = used,
             ) -> None:
                 cpu, (busy0, total0) = Cpu(pids).start(), cpu_ticks()
-                out.append(_one_storm(env, stack, w, native, sizes))
+                out.append(one_storm(env, stack, w, native, sizes))
                 busy1, total1 = cpu_ticks()
                 cpus.append((cpu.stop(), (busy1 - busy0) / max(1, total1 - total0)))
 
-            during = _probe(env, stack, warm_host, native, body)
+            during = probe(env, stack, warm_host, native, body)
             res = result[0]
             cpu, machine_busy = used[0]
             status = stack.status()
@@ -100,7 +100,7 @@ def storm_scenario(env: Env, sizes: Sizes, leaves: Leaves, native: Path | None) 
         env.close(stack)
 
 
-def _one_storm(
+def one_storm(
     env: Env, stack: Stack, wave: list[str], native: Path | None, sizes: Sizes
 ) -> StormResult:
     """Every host of ``wave`` at once, spread over ``sizes.storm_spread`` s."""
@@ -113,7 +113,7 @@ def _one_storm(
     return asyncio.run(storm(stack.port, wave, env.ctx, len(wave), sizes.storm_spread))
 
 
-def _probe(
+def probe(
     env: Env, stack: Stack, warm_host: str, native: Path | None, body: Callable[[], object]
 ) -> list[float]:
     """Handshake latencies of ``warm_host`` every 10 ms while ``body()`` runs."""

@@ -20,6 +20,7 @@ from certagent.certs.pem import parse_bundle
 from certagent.cli.cert import add_cert_commands, run_cert_command
 from certagent.config import Settings, to_toml
 from certagent.store.base import Store
+from certagent.store.redis._packed import unpack
 from certagent.testing.certs import (
     CA,
     any_key_pem,
@@ -104,8 +105,8 @@ async def test_upload_read_rotate_delete_on_redis(running: Running, ca: CA) -> N
     stored = await running.store.lookup("x.api.example.test")
     assert stored is not None and stored.id == cert_id
     assert stored.bundle.pem == parse_bundle(chain, key).pem
-    raw_key = await running.raw.hget(f"certagent:cert:{cert_id}", "key")
-    assert isinstance(raw_key, bytes) and raw_key.startswith(b"cak1:k1:")  # encrypted at rest
+    raw_key = unpack(await running.raw.get(f"certagent:cert:{cert_id}")).key_token
+    assert raw_key.startswith(b"cak2:k1:")  # encrypted at rest
 
     status, _, again = await running.call("POST", CERTS, json=_upload(chain, key))
     assert (status, again["code"]) == (409, "duplicate-certificate")
@@ -249,19 +250,19 @@ def test_cli_import_and_key_rotation_on_redis(
         client = redis.asyncio.Redis.from_url(redis_store.url)
         try:
             found = [
-                await client.hget(key, "key") async for key in client.scan_iter("certagent:cert:*")
+                await client.get(key) async for key in client.scan_iter("certagent:cert:*")
             ]
-            return [token for token in found if isinstance(token, bytes)]
+            return [unpack(raw).key_token for raw in found if isinstance(raw, bytes)]
         finally:
             await client.aclose()
 
     found = asyncio.run(tokens())
-    assert len(found) == 299 and all(t.startswith(b"cak1:k1:") for t in found)
+    assert len(found) == 299 and all(t.startswith(b"cak2:k1:") for t in found)
 
     keys.write_text(generate_key_line("k2") + "\n" + keys.read_text())
     assert _cli("keys", "rotate", "--config", str(cfg)) == 0
     assert "299" in capsys.readouterr().out
-    assert all(t.startswith(b"cak1:k2:") for t in asyncio.run(tokens()))
+    assert all(t.startswith(b"cak2:k2:") for t in asyncio.run(tokens()))
 
     assert _cli("cert", "ls", "--config", str(cfg), "--name", "i042.example.test", "--json") == 0
     [record] = json.loads(capsys.readouterr().out)

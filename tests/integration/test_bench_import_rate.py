@@ -36,3 +36,61 @@ def test_import_rate_prints_json_for_every_case(tmp_path: Path) -> None:
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "reusing 60 files" in again.stderr
+
+
+def test_import_rate_before_runs_both_by_turns(tmp_path: Path) -> None:
+    certagent = Path(sys.executable).with_name("certagent")
+    argv = [
+        sys.executable, "-m", "bench.import_rate", "--count", "200", "--repeats", "1",
+        "--keys", "distinct", "--distinct-count", "0", "--rsa-count", "0",
+        "--before", str(certagent), "--cache", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=140, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    before, after = result["cases"]
+    assert before["case"].endswith(", before") and after["case"].endswith(", after")
+    assert after["rate_ratio_to_before"] > 0
+    for case in (before, after):
+        assert case["runs"][0]["records"] == 200
+        assert case["import_main_peak_rss_mb_median"] > 0
+
+
+def test_import_stages_prints_a_median_per_stage(tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "bench.import_stages", "--count", "30", "--passes", "1",
+        "--cache", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    medians = json.loads(proc.stdout)["medians_us"]
+    for which in ("before", "after"):
+        assert set(medians[which]) == {"read", "validate", "encode", "pickle", "total"}
+        assert medians[which]["total"] > 0
+
+
+def test_import_floor_prints_each_operation_and_the_floor(tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "bench.import_floor", "--count", "40", "--passes", "1",
+        "--cache", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    operations = ("leaf_parse", "leaf_verify", "key_load", "key_match", "key_encrypt")
+    assert all(result["medians_us"][op] > 0 for op in operations)
+    assert result["medians_us"]["redis_write"] >= 0  # 40 records may take under a clock tick
+    assert result["floor_us"] >= sum(result["medians_us"][op] for op in operations) - 0.5
+    assert result["budget_per_cert_us"] == 100
+
+
+def test_import_profile_profiles_the_importing_process(tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "bench.import_profile", "--count", "30",
+        "--cache", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout)["runs"]["after"]
+    assert "imported 30 of 30 files" in run["summary"]
+    assert run["top_own_time"] and run["profile_total_s"] > 0

@@ -92,6 +92,25 @@ def test_prober_samples_a_good_host(tlsload: Path, haproxy: HAProxyProcess, pki:
     assert all(0 < s < 1 for s in probe.samples)
 
 
+def test_open_loop_prober_keeps_its_schedule_with_several_in_flight(
+    tlsload: Path, haproxy: HAProxyProcess, pki: PKI
+) -> None:
+    before = time.monotonic()
+    with NativeProber(
+        tlsload, haproxy.port, NAMES[0], pki.cafile, interval=0.005, connections=8
+    ) as probe:
+        time.sleep(0.5)
+    after = time.monotonic()
+
+    assert probe.failures == 0
+    assert len(probe.samples) >= 20  # ~100 on a quiet machine
+    assert len(probe.starts) == len(probe.samples)
+    # starts are on time.monotonic()'s clock: within the prober's lifetime
+    assert all(before <= t <= after for t in probe.starts)
+    assert all(0 < s < 1 for s in probe.samples)
+    assert probe.late >= 0 and probe.cpu_s > 0
+
+
 def test_prober_fails_for_the_default_certificate(
     tlsload: Path, haproxy: HAProxyProcess, pki: PKI
 ) -> None:

@@ -35,8 +35,10 @@ def test_a_second_agent_exits_at_once_and_the_first_keeps_serving(
     took = time.monotonic() - started
     assert second.returncode == 1, second.stderr
     # "at once": it waits for nothing beyond starting Python (was < 2.0 s absolute, which a
-    # loaded machine's slower start alone could exceed)
-    assert took < start_cost + 1.0, (took, start_cost)
+    # loaded machine's slower start alone could exceed; then start_cost + 1 s, which a
+    # machine at load 12 exceeded with 7.3 s against 5.6 s). Waiting on anything (a lock,
+    # a timeout of the store or of HAProxy) would cost whole seconds beyond this bound.
+    assert took < 2 * start_cost + 1.0, (took, start_cost)
     assert f"another certagent (pid {first.pid}) already serves this HAProxy" in second.stderr
     # the first agent's socket is still there and it still loads new hosts
     assert os.path.exists(stack.settings.agent_socket)

@@ -10,14 +10,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import threading
 import time
 
 import pytest
 
+from bench._certs import Leaves
 from certagent.testing import PKI, RedisFixture, Stack, tlsclient, wait_for
 from tests.integration.conftest import StackFactory
+from tests.integration.test_cert_ls import add_in_bulk
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +65,7 @@ class Traffic:
         self.ok = 0
         self.default_cert = 0
         self.defaults: list[str] = []
+        self.default_started: list[float] = []  # time.time() at each default's handshake start
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -74,12 +78,14 @@ class Traffic:
         while not self._stop.is_set():
             host = self.hosts[i % len(self.hosts)]
             i += len(self._threads)
+            started = time.time()
             try:
                 info = self.stack.handshake(host)
             except ssl.SSLCertVerificationError as exc:
                 with self._lock:
                     self.default_cert += 1
-                    self.defaults.append(f"{time.time():.3f} {host}: {exc.verify_message}")
+                    self.default_started.append(started)
+                    self.defaults.append(f"{started:.3f} {host}: {exc.verify_message}")
                 continue
             except OSError as exc:
                 with self._lock:
@@ -122,6 +128,7 @@ def test_a_reload_under_traffic_rewarms_the_hot_set(
 
         wait_for(all_marked, 3.0, "every hot host marked loaded in the new worker")
         rewarmed_in = time.monotonic() - reloaded_at
+        marked_at = time.time()
         time.sleep(0.5)  # traffic over the re-warmed hosts
         asked_before = stack.status()["ensure"]["requests"]
         for host in hot:  # once more by hand: none of these asks the agent
@@ -134,14 +141,56 @@ def test_a_reload_under_traffic_rewarms_the_hot_set(
     )
     assert after["haproxy_pid"] == new_pid != before["haproxy_pid"]
     assert traffic.failures == []
-    # HAProxy 2.6 lets the new worker accept on the hop's socket a few ms before the old one
+    # HAProxy lets the new worker accept on the hop's socket a few ms before the old one
     # stops: a connection the old worker routes as loaded can then be terminated by the new
     # worker, which has no certificate yet (docs/haproxy.md, Reloads). Measured: about one
-    # in four reloads under this traffic; anything more is a bug.
-    assert traffic.default_cert <= 2, traffic.defaults
+    # in four reloads under this traffic on 2.6; on 3.2 once 3, from three threads within
+    # 1 ms. How many depends on how many handshakes fall into that window, so what is
+    # asserted is the outcome: once the new worker holds the hot set, no handshake gets the
+    # default certificate (a mark without its certificate, or a rewarm that loaded the
+    # wrong one, would).
+    started = zip(traffic.defaults, traffic.default_started, strict=True)
+    late = [default for default, at in started if at >= marked_at]
+    assert late == [], (marked_at, late)
     assert traffic.ok > len(hot)
     assert after["rewarm"]["rewarms"] == 1
     assert after["rewarm"]["loaded"] + after["rewarm"]["skipped"] >= len(hot)
     assert after["ensure"]["requests"] - asked_before <= 4  # the traffic threads' last asks
     assert after["ensure"]["reloads"] == 1
     assert stack.consistency_problems() == []
+
+
+async def _ensure_all(socket_path: str, hosts: list[str], concurrency: int = 32) -> list[str]:
+    """Ask the agent for ``hosts`` over its socket, as the Lua action does (no TLS)."""
+    todo = iter(hosts)
+    answers: list[str] = []
+
+    async def worker() -> None:
+        for name in todo:
+            reader, writer = await asyncio.open_unix_connection(socket_path)
+            writer.write(f"ensure {name}\n".encode())
+            answers.append((await asyncio.wait_for(reader.readline(), 30)).decode().strip())
+            writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return answers
+
+
+@pytest.mark.timeout(180)
+def test_status_json_with_thousands_of_loaded_slots_answers_in_full(
+    make_stack: StackFactory, redis_store: RedisFixture, pki: PKI
+) -> None:
+    # 3,000 slots: ≈450 KB of JSON, seven times the 64 KiB line that failed at ≈500 slots
+    hosts = [f"k{i:04d}.many.test" for i in range(3_000)]
+    leaves = Leaves(pki)  # one CA signature a record, the key checked once
+    asyncio.run(add_in_bulk(redis_store, [leaves.bundle(h) for h in hosts]))
+    stack = make_stack(redis_store.url, capacity=len(hosts))
+    answers = asyncio.run(_ensure_all(stack.settings.agent_socket, hosts))
+    assert answers.count("ok") == len(hosts), {a: answers.count(a) for a in set(answers)}
+    shown = stack.cli("status", "--json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert len(shown.stdout) > 7 * 65536
+    status = json.loads(shown.stdout)
+    assert status["slots_used"] == len(hosts)
+    assert sorted(h for s in status["slots"] for h in s["hosts"]) == hosts
+    assert stack.cli("status").returncode == 0  # the short form as before

@@ -5,7 +5,8 @@ An issued record is an ordinary ``<name>.pem`` with a mark beside it in
 reads as uploaded); the account's key is a 0600 PEM file next to its JSON; the
 registrations are one file per name.  Leases, challenges and limits are in
 memory; challenges and registrations reach the store's change feed.  The
-scanner and watcher never report anything under ``.certagent/``.
+scanner and watcher never report anything under ``.certagent/``.  The renewal
+schedule is journalled in ``.certagent/renewals.log`` and replayed on restart.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from certagent.errors import DuplicateCertificate, LeaseLost, StoreCorrupt
+from certagent.errors import (
+    DuplicateCertificate,
+    LeaseLost,
+    NotFound,
+    ReadOnlyRecord,
+    StoreCorrupt,
+)
 from certagent.store import DirectoryStore
 from certagent.store.base import Change
-from certagent.store.directory import atomic_write
+from certagent.store.directory import _journal, atomic_write
+from certagent.store.directory import _renewals as _dir_renewals
 from certagent.store.issuance import AcmeAccount, Issuance, Lease, PublishedChallenge
+from certagent.store.renewals import BudgetWindow, DueRenewal
 from certagent.testing import PKI
 
 pytestmark = pytest.mark.integration
@@ -211,3 +220,160 @@ async def test_challenges_are_changes_and_the_rest_is_memory(store: DirectorySto
     # nothing of this is a file, and the watcher reports nothing else
     assert sorted(p.name for p in store.root.iterdir()) == []
     assert await store.changes(position, 0.2) == ((), position)
+
+
+# --- the renewal schedule ---------------------------------------------------------------------
+
+
+async def test_the_schedule_is_due_in_order_and_survives_a_restart(
+    store: DirectoryStore, pki: PKI
+) -> None:
+    renewals = roles(store).renewals
+    for i, at in enumerate([500.0, 100.0, 300.0, 900.0]):
+        await store.add(pki.bundle(f"s{i}.dir.test"))
+        await renewals.schedule(f"s{i}.dir.test", at, 10_000.0 + i)
+    await renewals.schedule("s3.dir.test", 200.0, 20_000.0)  # moved earlier
+    await renewals.schedule("none.dir.test", 1.0, 2.0)  # no record: a no-op
+    expected = [
+        DueRenewal("s1.dir.test", 100.0, 10_001.0),
+        DueRenewal("s3.dir.test", 200.0, 20_000.0),
+        DueRenewal("s2.dir.test", 300.0, 10_002.0),
+    ]
+    assert await renewals.due(300.0, 10) == expected
+    assert await renewals.due(300.0, 2) == expected[:2]
+    assert await renewals.count(300.0) == (4, 3)
+    assert await renewals.entry("none.dir.test") is None
+    await renewals.unschedule("s0.dir.test")
+
+    reopened = DirectoryStore(store.root)  # the agent restarted: the journal is replayed
+    try:
+        again = roles(reopened).renewals
+        assert await again.due(300.0, 10) == expected
+        assert await again.count(1e10) == (3, 3)
+        assert await again.entry("s0.dir.test") is None
+    finally:
+        await reopened.close()
+    journal = store.root / ".certagent" / "renewals.log"
+    assert stat.S_IMODE(os.stat(journal).st_mode) == 0o600
+    assert journal.read_text().splitlines()[-1] == "D s0.dir.test"
+
+
+async def test_the_journal_is_compacted_and_a_torn_line_is_skipped(
+    store: DirectoryStore, pki: PKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_journal, "COMPACT_AT", 20)
+    renewals = roles(store).renewals
+    await store.add(pki.bundle("c.dir.test"))
+    for at in range(50):
+        await renewals.schedule("c.dir.test", float(at), 7.5)
+    journal = store.root / ".certagent" / "renewals.log"
+    assert len(journal.read_text().splitlines()) < 25  # rewritten, not 50 lines
+    with journal.open("a") as torn:
+        torn.write("S half.dir.test 12")  # a write cut short
+    reopened = DirectoryStore(store.root)
+    try:
+        assert await roles(reopened).renewals.due(1e10, 10) == [
+            DueRenewal("c.dir.test", 49.0, 7.5)
+        ]
+    finally:
+        await reopened.close()
+
+
+async def test_a_delete_unschedules_the_names_no_record_holds(
+    store: DirectoryStore, pki: PKI
+) -> None:
+    renewals = roles(store).renewals
+    first = await store.add(pki.bundle("a.del.dir.test", "b.del.dir.test"))
+    await store.add(pki.bundle("c.del.dir.test"))
+    for name in ("a.del.dir.test", "b.del.dir.test", "c.del.dir.test"):
+        await renewals.schedule(name, 10.0, 20.0)
+    await store.delete(first.id)  # its alias for b goes with it
+    assert [d.name for d in await renewals.due(1e10, 10)] == ["c.del.dir.test"]
+
+
+async def test_add_issued_schedules_and_a_lapsed_lease_schedules_nothing(
+    store: DirectoryStore, pki: PKI
+) -> None:
+    issuance = roles(store)
+    stale = await issuance.locks.acquire("r.dir.test", "node-1", 0.1)
+    assert stale is not None
+    taken: list[Lease] = []
+
+    async def another_took_it() -> bool:
+        lease = await issuance.locks.acquire("r.dir.test", "node-2", 30)
+        if lease is not None:
+            taken.append(lease)
+        return bool(taken)
+
+    await until(another_took_it)
+    bundle = pki.bundle("r.dir.test")
+    with pytest.raises(LeaseLost):
+        await issuance.locks.add_issued(bundle, stale, renew_at=100.0)
+    assert await issuance.renewals.count(1e10) == (0, 0)
+    await issuance.locks.add_issued(bundle, taken[0], renew_at=150.0)
+    assert await issuance.renewals.entry("r.dir.test") == DueRenewal(
+        "r.dir.test", 150.0, bundle.not_after.timestamp()
+    )
+
+
+async def test_manage_marks_and_schedules_an_imported_file_but_not_certbots(
+    store: DirectoryStore, pki: PKI
+) -> None:
+    renewals = roles(store).renewals
+    imported = await store.add(pki.bundle("imp.dir.test", "www.imp.dir.test"))
+    await renewals.manage("www.imp.dir.test", 77.0)  # through its alias
+    got = await store.get(imported.id)
+    assert got is not None and got.managed == "acme"
+    assert await renewals.entry("www.imp.dir.test") == DueRenewal(
+        "www.imp.dir.test", 77.0, imported.not_after.timestamp()
+    )
+    with pytest.raises(NotFound, match=r"no certificate is stored for gone\.dir\.test"):
+        await renewals.manage("gone.dir.test", 1.0)
+    lineage = store.root / "live" / "cb.dir.test"
+    lineage.mkdir(parents=True)
+    chain, key = pki.chain_and_key("cb.dir.test")
+    (lineage / "fullchain.pem").write_bytes(chain)
+    (lineage / "privkey.pem").write_bytes(key)
+    with pytest.raises(ReadOnlyRecord, match="certbot"):
+        await renewals.manage("cb.dir.test", 1.0)
+    assert await renewals.entry("cb.dir.test") is None
+
+
+async def test_spend_takes_from_every_window_or_none(store: DirectoryStore) -> None:
+    renewals = roles(store).renewals
+    now = 1_800_000_000.0 + 10.0
+    hourly, per_name = BudgetWindow("global", 2, 3600), BudgetWindow("domain:x.test", 1, 60)
+    assert await renewals.spend((hourly, per_name), now) == 0.0
+    assert await renewals.spend((hourly, per_name), now + 1) == pytest.approx(49.0)
+    assert await renewals.spend((hourly,), now + 2) == 0.0  # not charged by the refusal
+    assert await renewals.spend((hourly,), now + 3) == pytest.approx(3600 - 13)
+    assert await renewals.spend((per_name,), now + 50) == 0.0  # a new minute
+
+
+async def test_a_change_made_by_another_process_reaches_the_agent_and_survives_compaction(
+    store: DirectoryStore, pki: PKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI command on the same directory writes the journal the running agent keeps."""
+    monkeypatch.setattr(_journal, "COMPACT_AT", 10)
+    monkeypatch.setattr(_dir_renewals, "CHECK_EVERY", 0.0)
+    agent = roles(store).renewals
+    await store.add(pki.bundle("agent.dir.test"))
+    await store.add(pki.bundle("cli.dir.test"))
+    await agent.schedule("agent.dir.test", 10.0, 99.0)
+    assert await agent.count(1e10) == (1, 1)  # read: the agent's schedule is in memory
+    cli_store = DirectoryStore(store.root)
+    try:
+        await roles(cli_store).renewals.manage("cli.dir.test", 20.0)
+    finally:
+        await cli_store.close()
+    assert [d.name for d in await agent.due(1e10, 10)] == ["agent.dir.test", "cli.dir.test"]
+    for at in range(30):  # enough moves to compact the journal, more than once
+        await agent.schedule("agent.dir.test", 30.0 + at, 99.0)
+    journal = store.root / ".certagent" / "renewals.log"
+    assert len(journal.read_text().splitlines()) <= 20
+    assert [d.name for d in await agent.due(1e10, 10)] == ["cli.dir.test", "agent.dir.test"]
+    again = DirectoryStore(store.root)
+    try:
+        assert await roles(again).renewals.due(1e10, 10) == await agent.due(1e10, 10)
+    finally:
+        await again.close()

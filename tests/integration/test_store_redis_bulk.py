@@ -1,4 +1,4 @@
-"""RedisStore.bulk() (add_many, add_prepared) against a real redis-server."""
+"""RedisStore.bulk() (add_many, add_prepared, add_wire) against a real redis-server."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 import redis
 import redis.asyncio
 
-from certagent.certs import keycrypt
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.pem import CertBundle
 from certagent.errors import DuplicateCertificate, StoreError, StoreUnavailable
 from certagent.store import RedisStore
-from certagent.store.base import CertRecord, IdTaken
+from certagent.store.base import AddAlone, CertRecord, IdTaken, WireRecord
 from certagent.store.redis import Keys
+from certagent.store.redis._packed import unpack
 from certagent.testing import PKI, RedisFixture
 from certagent.testing.processes import free_port
 
@@ -70,11 +70,13 @@ async def snapshot(raw: redis.asyncio.Redis, keys: Keys, ring: KeyRing) -> dict[
     """The store's content with every id replaced by its record's leaf fingerprint."""
     fp_of: dict[str, str] = {}
     for cert_id in map(_text, await raw.zrange(keys.ids(), 0, -1)):
-        fp_of[cert_id] = _text(await raw.hget(keys.cert(cert_id), "fingerprint_sha256"))
+        meta = unpack(await raw.get(keys.cert(cert_id))).meta()
+        fp_of[cert_id] = _text(meta["fingerprint_sha256"] or b"")
     records: dict[str, dict[str, bytes]] = {}
     for cert_id, fp in fp_of.items():
-        fields = {_text(k): v for k, v in (await raw.hgetall(keys.cert(cert_id))).items()}
-        fields["key"] = keycrypt.decrypt(ring, fields["key"], cert_id.encode())  # nonce differs
+        packed = unpack(await raw.get(keys.cert(cert_id)))
+        fields = {chr(tag): value for tag, value in packed.fields.items()}
+        fields["K"] = packed.key_pem(ring, cert_id)  # the nonce differs
         records[fp] = fields
     names: dict[str, set[str]] = {}
     async for key in raw.scan_iter(match=keys.name("*").encode(), count=1000):
@@ -297,10 +299,80 @@ async def test_no_plaintext_key_in_redis(
     await store.bulk().add_many(batch)
     key_body = batch[0].pem.split(b"-----BEGIN PRIVATE KEY-----")[1].split(b"\n")[1]
     async for key in raw.scan_iter(match=KEYS.cert("*").encode()):
-        values = b"".join(v for pair in (await raw.hgetall(key)).items() for v in pair)
+        values = await raw.get(key)
         assert b"PRIVATE KEY" not in values
         assert key_body not in values
     encoder = store.bulk().encoder()
     assert "k1" in repr(encoder)
     assert repr(encoder.ring.keys[0][1]) not in repr(encoder)
     assert "fields" not in repr(encoder.prepare(batch[0], FIXED))
+
+
+# --- packed writes (add_wire: what cert import's workers send) -------------------------------
+
+
+def wire(store: RedisStore, batch: list[CertBundle], now: dt.datetime = FIXED) -> list[WireRecord]:
+    encoder = store.bulk().encoder()
+    out = [encoder.encode(b, now) for b in batch]
+    assert all(isinstance(r, WireRecord) for r in out)
+    return [r for r in out if isinstance(r, WireRecord)]
+
+
+async def test_packed_writes_store_what_add_many_stores(
+    redis_store: RedisFixture, raw: redis.asyncio.Redis, ring: KeyRing, pki: PKI, fixed_clock: None
+) -> None:
+    batch = bundles(pki, 30)
+    packed = RedisStore(redis_store.url, keyring=ring, prefix="wire:")
+    prepared = RedisStore(redis_store.url, keyring=ring, prefix="prep:")
+    try:
+        records = wire(packed, batch)
+        results = await packed.bulk().add_wire(records)
+        await prepared.bulk().add_many(batch)
+    finally:
+        await packed.close()
+        await prepared.close()
+    assert results == records  # each one added, in order
+    assert await snapshot(raw, Keys("wire:"), ring) == await snapshot(raw, Keys("prep:"), ring)
+    assert "command" not in repr(records[0])
+
+
+async def test_packed_writes_find_duplicates_wrong_types_and_lost_scripts(
+    store: RedisStore, raw: redis.asyncio.Redis, pki: PKI
+) -> None:
+    stored, new1, bad, new2 = bundles(pki, 4)
+    first = await store.add(stored)
+    await raw.set(KEYS.name("h2.bulk.test"), b"not a set")
+    await raw.script_flush()  # the next write finds no script: it loads it and sends again
+    again = wire(store, [new1])[0]
+    results = await store.bulk().add_wire([*wire(store, [stored, new1, bad, new2]), again])
+    assert isinstance(results[0], DuplicateCertificate)
+    assert first.id in str(results[0])
+    assert isinstance(results[1], WireRecord)
+    assert isinstance(results[2], StoreError)
+    assert "is a string" in str(results[2])
+    assert isinstance(results[3], WireRecord)
+    assert isinstance(results[4], DuplicateCertificate)  # new1, under another id
+    assert await raw.zcard(KEYS.ids()) == 3
+    assert len(await events(raw)) == 3
+
+
+async def test_packed_writes_without_script_permission_are_added_alone(
+    redis_store: RedisFixture, raw: redis.asyncio.Redis, ring: KeyRing, pki: PKI,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    await raw.acl_setuser(
+        "noscript", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+        commands=["+@all", "-@scripting"],
+    )  # fmt: skip
+    port = redis_store.url.rsplit(":", 1)[1].split("/")[0]
+    limited = RedisStore(f"redis://noscript:pw@127.0.0.1:{port}", keyring=ring)
+    try:
+        with caplog.at_level(logging.WARNING):
+            first = await limited.bulk().add_wire(wire(limited, bundles(pki, 3)))
+            assert limited.bulk().encoder().call is None  # later batches are prepared records
+    finally:
+        await limited.close()
+        await raw.acl_deluser("noscript")
+    assert [type(r) for r in first] == [AddAlone] * 3
+    assert caplog.text.count("scripts are not allowed") == 1
+    assert await raw.zcard(KEYS.ids()) == 0  # nothing written: each is added alone instead

@@ -37,9 +37,9 @@ from certagent.store import RedisStore, parse_store_url
 from certagent.store.base import Change
 from certagent.store.records import make_record
 from certagent.store.redis import Keys, RecordEncoder
-from certagent.store.redis._cluster import CLAIM, REPLACE, WRITE_NEW
-from certagent.store.redis._layout import F_DROPPED
-from certagent.store.redis._records import encode_record, pack
+from certagent.store.redis._cluster import CLAIM, WRITE_NEW
+from certagent.store.redis._packed import chain_digest, pack_record, unpack
+from certagent.store.redis._rows import SWAP, state_of
 from certagent.testing import PKI, RedisFixture
 from certagent.testing.ocsp import ocsp_response
 from certagent.testing.redisha import ClusterSet
@@ -264,7 +264,8 @@ async def test_an_add_interrupted_midway_is_completed_by_its_retry(
     client = cluster_store._client
     prepared = RecordEncoder(cluster_store.keyring).prepare(bundle, dt.datetime.now(dt.UTC))  # type: ignore[arg-type]
     cert_id = prepared.record.id
-    # the first two steps of an add, then a crash: record written and fp claimed
+    # the first steps of an add, then a crash: chain and record written and fp claimed
+    await client.set(keys.chain(chain_digest(prepared.shared)), prepared.shared)
     assert await client.eval(WRITE_NEW, 1, keys.cert(cert_id), prepared.payload) == 1
     fp = keys.fingerprint(bundle.fingerprint_sha256)
     assert await client.eval(CLAIM, 1, fp, "", cert_id) == 1
@@ -290,12 +291,16 @@ async def test_a_replace_interrupted_midway_converges_on_retry(
     new = pki.bundle("r.crash.test", "new.r.crash.test")
     # a replace that wrote the record (keeping the dropped name) and crashed
     replaced = make_record(record.id, new, version=2, updated_at=dt.datetime.now(dt.UTC))
-    fields = encode_record(cluster_store.keyring, replaced, new)  # type: ignore[arg-type]
-    done = await client.eval(
-        REPLACE, 1, keys.cert(record.id), "1", "old.r.crash.test", pack(fields)
+    before = await client.get(keys.cert(record.id))
+    payload, _ = pack_record(
+        cluster_store.keyring,  # type: ignore[arg-type]
+        replaced,
+        new,
+        dropped=["old.r.crash.test"],
     )
+    done = await client.eval(SWAP, 1, keys.cert(record.id), state_of(before), payload)
     assert done == 1
-    assert await client.hget(keys.cert(record.id), F_DROPPED) == b"old.r.crash.test"
+    assert unpack(await client.get(keys.cert(record.id))).dropped == b"old.r.crash.test"
     # readers: the dropped name still points at the record, which no longer covers it
     assert await cluster_store.lookup("old.r.crash.test") is None
     assert await cluster_store.lookup("r.crash.test") is not None
@@ -303,7 +308,7 @@ async def test_a_replace_interrupted_midway_converges_on_retry(
     await cluster_store.replace(record.id, new)
     assert await client.smembers(keys.name("old.r.crash.test")) == set()
     assert await client.smembers(keys.name("new.r.crash.test")) == {record.id.encode()}
-    assert await client.hget(keys.cert(record.id), F_DROPPED) is None
+    assert unpack(await client.get(keys.cert(record.id))).dropped is None
     found = await cluster_store.lookup("new.r.crash.test")
     assert found is not None and found.id == record.id
 
@@ -381,11 +386,18 @@ def cluster_consistent(cluster_set: ClusterSet) -> int:
         assert sorted(e["id"] for e in events) == sorted(ids)
         hashes = {k[len("certagent:cert:{") : -1] for k in cluster_set_keys(cluster_set, "cert:")}
         assert hashes == ids
-        for cert_id in ids:
-            fields = client.hgetall(keys.cert(cert_id))
-            assert client.get(keys.fingerprint(fields["fingerprint_sha256"])) == cert_id
-            for name in fields["names"].split():
-                assert client.sismember(keys.name(name), cert_id)
+        raw = redis.RedisCluster.from_url(
+            cluster_set.url.replace("redis+cluster://", "redis://").split(",")[0]
+        )
+        try:
+            for cert_id in ids:
+                meta = unpack(raw.get(keys.cert(cert_id))).meta()
+                sha = (meta["fingerprint_sha256"] or b"").decode()
+                assert client.get(keys.fingerprint(sha)) == cert_id
+                for name in (meta["names"] or b"").decode().split():
+                    assert client.sismember(keys.name(name), cert_id)
+        finally:
+            raw.close()
         for key in cluster_set_keys(cluster_set, "name:"):
             assert set(client.smembers(key)) <= ids
         return len(ids)
@@ -464,10 +476,12 @@ async def test_a_cluster_lookup_is_two_pipelined_round_trips(
         return await original(self, *args, **kwargs)
 
     monkeypatch.setattr(ClusterPipeline, "execute", counting)
+    assert await cluster_store.lookup("rt.cluster.test") is not None
+    assert len(executed) == 3  # the name sets, the records, their shared chain (once)
     for host in ("rt.cluster.test", "x.wild.cluster.test"):
         executed.clear()
         assert await cluster_store.lookup(host) is not None
-        assert len(executed) == 2, host  # the name sets, then the records
+        assert len(executed) == 2, host  # the name sets, then the records: the chain is known
     executed.clear()
     assert await cluster_store.lookup("missing.cluster.test") is None
     assert len(executed) == 1

@@ -90,9 +90,13 @@ class ApiBackend:
         return result
 
     async def page(
-        self, name: str | None, expiring_before: datetime | None, cursor: str | None
+        self,
+        name: str | None,
+        expiring_before: datetime | None,
+        cursor: str | None,
+        limit: int = 500,
     ) -> tuple[list[Record], str | None]:
-        params = {"limit": "500"}
+        params = {"limit": str(limit)}
         if name:
             params["name"] = name
         if expiring_before:

@@ -16,6 +16,11 @@ An encrypted key is a self-describing token::
 
     b"cak1:" + kid + b":" + base64(nonce (12 bytes) + ciphertext + GCM tag (16 bytes))
 
+or, for stores that keep bytes (the Redis store's compact records), the same
+without base64 (``encrypt(..., binary=True)``; a quarter shorter)::
+
+    b"cak2:" + kid + b":" + nonce (12 bytes) + ciphertext + GCM tag (16 bytes)
+
 The caller's ``aad`` (the record id) is authenticated with the ciphertext, so a
 token copied to another record does not decrypt.  :func:`needs_rotation` finds
 tokens made with an older kid for ``certagent keys rotate``, which re-encrypts
@@ -41,6 +46,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from certagent.errors import ConfigError, KeyDecryptError
 
 __all__ = [
+    "BINARY_PREFIX",
     "KEY_BYTES",
     "NONCE_BYTES",
     "TOKEN_PREFIX",
@@ -48,6 +54,7 @@ __all__ = [
     "decrypt",
     "encrypt",
     "generate_key_line",
+    "held_ids",
     "key_fingerprint",
     "needs_rotation",
     "reencrypt",
@@ -55,6 +62,8 @@ __all__ = [
 ]
 
 TOKEN_PREFIX = b"cak1:"
+#: A token whose sealed bytes are not base64-encoded.
+BINARY_PREFIX = b"cak2:"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 _TAG_BYTES = 16
@@ -163,6 +172,20 @@ def key_fingerprint(key: bytes) -> str:
     return "k" + hashlib.sha256(b"certagent data key\0" + key).hexdigest()[:12]
 
 
+def held_ids(ring: KeyRing) -> tuple[str, ...]:
+    """What names each key of ``ring`` beyond doubt, current first: its kid, or ``kid=fingerprint``.
+
+    A kid made by ``keys generate`` is the key's fingerprint already; an older,
+    hand-picked one (``k1``) may name different keys in two files, so the
+    fingerprint goes with it.  Agents announce these; writers compare them.
+    """
+    out = []
+    for kid, key in sorted(ring.keys, key=lambda pair: pair[0] != ring.current):
+        fingerprint = key_fingerprint(key)
+        out.append(kid if kid == fingerprint else f"{kid}={fingerprint}")
+    return tuple(out)
+
+
 def generate_key_line(kid: str | None = None) -> str:
     """A new ``kid:base64key`` line (no newline) with a random 32-byte key.
 
@@ -174,10 +197,18 @@ def generate_key_line(kid: str | None = None) -> str:
     return f"{kid}:{base64.b64encode(key).decode('ascii')}"
 
 
-def encrypt(ring: KeyRing, plaintext: bytes, aad: bytes, *, nonce: bytes | None = None) -> bytes:
+def encrypt(
+    ring: KeyRing,
+    plaintext: bytes,
+    aad: bytes,
+    *,
+    nonce: bytes | None = None,
+    binary: bool = False,
+) -> bytes:
     """Encrypt ``plaintext`` with the current key, binding ``aad``; return a token.
 
-    ``nonce`` is for tests only: never reuse one with the same key.
+    ``binary``: a ``cak2`` token (raw bytes after the key id) instead of ``cak1``
+    (base64).  ``nonce`` is for tests only: never reuse one with the same key.
     """
     if nonce is None:
         nonce = os.urandom(NONCE_BYTES)
@@ -186,6 +217,8 @@ def encrypt(ring: KeyRing, plaintext: bytes, aad: bytes, *, nonce: bytes | None 
     key = ring.key(ring.current)
     assert key is not None  # KeyRing.__post_init__ checked it
     sealed = AESGCM(key).encrypt(nonce, plaintext, aad)
+    if binary:
+        return BINARY_PREFIX + ring.current.encode("ascii") + b":" + nonce + sealed
     return TOKEN_PREFIX + ring.current.encode("ascii") + b":" + base64.b64encode(nonce + sealed)
 
 
@@ -203,10 +236,13 @@ def decrypt(ring: KeyRing, token: bytes, aad: bytes) -> bytes:
             f"the key was encrypted with data key {kid!r}, which is not in the key ring"
             f" ({', '.join(ring.kids)}); add that key back to the key file"
         )
-    try:
-        sealed = base64.b64decode(payload, validate=True)
-    except binascii.Error as exc:
-        raise KeyDecryptError(f"the token for data key {kid!r} is not valid base64") from exc
+    if token.startswith(BINARY_PREFIX):
+        sealed = payload
+    else:
+        try:
+            sealed = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            raise KeyDecryptError(f"the token for data key {kid!r} is not valid base64") from exc
     if len(sealed) < NONCE_BYTES + _TAG_BYTES:
         raise KeyDecryptError(f"the token for data key {kid!r} is truncated")
     try:
@@ -229,21 +265,24 @@ def needs_rotation(ring: KeyRing, token: bytes) -> bool:
 
 
 def reencrypt(ring: KeyRing, token: bytes, aad: bytes) -> bytes:
-    """Decrypt ``token`` and encrypt it again with the current key (``keys rotate``)."""
-    return encrypt(ring, decrypt(ring, token, aad), aad)
+    """Decrypt ``token`` and encrypt it again with the current key (``keys rotate``).
+
+    The new token has the old one's form (``cak1`` or ``cak2``).
+    """
+    return encrypt(ring, decrypt(ring, token, aad), aad, binary=token.startswith(BINARY_PREFIX))
 
 
 # --- helpers ----------------------------------------------------------------------
 
 
 def _parse(token: bytes) -> tuple[str, bytes]:
-    if not token.startswith(TOKEN_PREFIX):
+    if not token.startswith((TOKEN_PREFIX, BINARY_PREFIX)):
         what = "a plaintext PEM" if token.lstrip().startswith(b"-----BEGIN") else "not a token"
         raise KeyDecryptError(
             f"the stored key is {what}, not an encrypted cak1 token;"
             " re-upload the certificate so the agent encrypts its key"
         )
-    raw_kid, sep, payload = token[len(TOKEN_PREFIX) :].partition(b":")
+    raw_kid, sep, payload = token[len(TOKEN_PREFIX) :].partition(b":")  # both prefixes: 5 bytes
     kid = raw_kid.decode("ascii", errors="replace")
     if not sep or not _KID.match(kid):
         raise KeyDecryptError("the encrypted key token has no valid key id")

@@ -76,6 +76,9 @@ __all__ = [
     "UPLOAD_CODES",
     "UPLOAD_ERRORS",
     "UploadPolicy",
+    "check_key",
+    "check_validity",
+    "issued",
     "validate_upload",
 ]
 
@@ -196,8 +199,8 @@ def validate_upload(
         raise type(exc)(f"{exc}; {hint}") from exc
 
     bundle, certs, leaf = parsed.bundle, parsed.certs, parsed.leaf
-    _check_key(certs[leaf].public_key(), policy)
-    _check_validity(bundle, now, policy)
+    check_key(certs[leaf].public_key(), policy)
+    check_validity(bundle, now, policy)
     _check_chain(certs, leaf)
     return bundle
 
@@ -269,7 +272,7 @@ def _no_certificate(data: bytes, labels: Sequence[str]) -> str:
 # --- key and validity ------------------------------------------------------------------
 
 
-def _check_key(public_key: CertificatePublicKeyTypes, policy: UploadPolicy) -> None:
+def check_key(public_key: CertificatePublicKeyTypes, policy: UploadPolicy) -> None:
     accepted = f"use RSA of at least {policy.min_rsa_bits} bits or ECDSA " + " or ".join(
         policy.allowed_curves
     )
@@ -300,7 +303,7 @@ def _key_kind(public_key: CertificatePublicKeyTypes) -> str:
     return type(public_key).__name__
 
 
-def _check_validity(bundle: CertBundle, now: datetime, policy: UploadPolicy) -> None:
+def check_validity(bundle: CertBundle, now: datetime, policy: UploadPolicy) -> None:
     if now < bundle.not_before - policy.not_before_grace:
         raise NotYetValid(
             f"the certificate is valid only from {_when(bundle.not_before)}"
@@ -333,11 +336,11 @@ def _check_chain(certs: Sequence[x509.Certificate], leaf: int) -> None:
             )
         seen[der] = i
 
-    if leaf == 0 and all(_issued(certs[i + 1], certs[i]) for i in range(len(certs) - 1)):
+    if leaf == 0 and all(issued(certs[i + 1], certs[i]) for i in range(len(certs) - 1)):
         return
 
     issuers = [
-        [j for j, candidate in enumerate(certs) if j != i and _issued(candidate, cert)]
+        [j for j, candidate in enumerate(certs) if j != i and issued(candidate, cert)]
         for i, cert in enumerate(certs)
     ]
     path = _longest_path(leaf, issuers)
@@ -346,7 +349,7 @@ def _check_chain(certs: Sequence[x509.Certificate], leaf: int) -> None:
         if leaf != 0:
             problem = f"the leaf (the certificate of the private key) is #{leaf + 1}, not #1"
         else:
-            bad = next(i for i in range(len(certs) - 1) if not _issued(certs[i + 1], certs[i]))
+            bad = next(i for i in range(len(certs) - 1) if not issued(certs[i + 1], certs[i]))
             problem = (
                 f"certificate #{bad + 2} ({_describe(certs[bad + 1])}) did not issue"
                 f" certificate #{bad + 1} ({_describe(certs[bad])})"
@@ -366,7 +369,7 @@ def _check_chain(certs: Sequence[x509.Certificate], leaf: int) -> None:
     )
 
 
-def _issued(issuer: x509.Certificate, cert: x509.Certificate) -> bool:
+def issued(issuer: x509.Certificate, cert: x509.Certificate) -> bool:
     """Whether ``issuer``'s subject is ``cert``'s issuer and its key signed ``cert``.
 
     verify_directly_issued_by compares the two names (as DER, before any

@@ -27,6 +27,7 @@ from certagent.errors import (
     DuplicateCertificate,
     NotFound,
 )
+from certagent.service.datakey import FleetKeys
 from certagent.store import open_configured
 from certagent.store.base import BulkWriter, Store
 
@@ -45,8 +46,14 @@ class Backend(Protocol):
     async def replace(self, cert_id: str, chain: bytes, key: bytes | None) -> Record: ...
     async def get(self, cert_id: str) -> Record: ...
     async def page(
-        self, name: str | None, expiring_before: datetime | None, cursor: str | None
-    ) -> tuple[list[Record], str | None]: ...
+        self,
+        name: str | None,
+        expiring_before: datetime | None,
+        cursor: str | None,
+        limit: int = 500,
+    ) -> tuple[list[Record], str | None]:
+        """At most ``limit`` records (1-500) after ``cursor``, and the cursor after them."""
+        ...
     async def delete(self, cert_id: str) -> None: ...
     async def put_ocsp(self, cert_id: str, der: bytes) -> Record: ...
     async def close(self) -> None: ...
@@ -57,12 +64,22 @@ class StoreBackend:
     store: Store
     policy: UploadPolicy
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    #: checks that the fleet's agents hold the key file's current data key (None: no encryption)
+    fleet: FleetKeys | None = None
+    _fleet_checked: bool = False
 
     def _validate(self, chain: bytes, key: bytes | None) -> CertBundle:
         return validate_upload(chain, key, now=self.now(), policy=self.policy)
 
+    async def check_keys(self) -> None:
+        """ForeignDataKey if the fleet could not read what this writes; asks once per command."""
+        if self.fleet is not None and not self._fleet_checked:
+            await self.fleet.check()
+            self._fleet_checked = True
+
     async def add(self, chain: bytes, key: bytes | None) -> Record:
         bundle = self._validate(chain, key)
+        await self.check_keys()
         try:
             return record_json(await self.store.add(bundle))
         except DuplicateCertificate as exc:
@@ -71,6 +88,7 @@ class StoreBackend:
     async def replace(self, cert_id: str, chain: bytes, key: bytes | None) -> Record:
         await self.get(cert_id)
         bundle = self._validate(chain, key)
+        await self.check_keys()
         try:
             return record_json(await self.store.replace(cert_id, bundle))
         except DuplicateCertificate as exc:
@@ -83,10 +101,14 @@ class StoreBackend:
         return record_json(record)
 
     async def page(
-        self, name: str | None, expiring_before: datetime | None, cursor: str | None
+        self,
+        name: str | None,
+        expiring_before: datetime | None,
+        cursor: str | None,
+        limit: int = 500,
     ) -> tuple[list[Record], str | None]:
         found = await self.store.list(
-            name=name, expiring_before=expiring_before, cursor=cursor, limit=500
+            name=name, expiring_before=expiring_before, cursor=cursor, limit=limit
         )
         return [record_json(r) for r in found.records], found.cursor
 
@@ -114,4 +136,7 @@ def open_backend(args: argparse.Namespace) -> Backend:
             raise ConfigError(f"--api needs a token: --token TOKEN or ${TOKEN_ENV}")
         return ApiBackend(args.api, token)
     settings = config.load(args.config)
-    return StoreBackend(open_configured(settings), upload_policy(settings))
+    store = open_configured(settings)
+    keys = store.data_keys()
+    fleet = FleetKeys(keys, settings.key_file) if keys is not None else None
+    return StoreBackend(store, upload_policy(settings), fleet=fleet)

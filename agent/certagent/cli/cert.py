@@ -30,6 +30,8 @@ from certagent.cli.importer import (
     import_certificates,
 )
 from certagent.cli.lineage import deploy_lineage, is_lineage
+from certagent.cli.listing import Listing, print_listing
+from certagent.cli.manage import add_manage_parser, run_manage
 from certagent.errors import (
     AgentError,
     ConfigError,
@@ -71,7 +73,11 @@ def add_cert_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "cert",
         help="add, list, show, rotate, remove and import certificates",
         description="Manage the certificates in the store, directly (--config) or through "
-        "the REST API (--api). Uploads are validated the same way in both cases.",
+        "the REST API (--api). Uploads are validated the same way in both cases. A Redis store "
+        "encrypts private keys with the current data key of the writer's key file (key_file, or "
+        "CERTAGENT_KEY_FILE): an add, rotate or import is refused (exit 1, nothing stored) when a "
+        "running agent does not hold that key, or, with none running, when the key file lacks a "
+        "key the stored records use.",
     )
     cert = pc.add_subparsers(dest="cert_command", required=True, metavar="SUBCOMMAND")
     p = cert.add_parser(
@@ -101,7 +107,28 @@ def add_cert_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument(
         "--key", type=Path, metavar="FILE", help="the new PEM private key (if not in --cert)"
     )
-    p = cert.add_parser("ls", parents=[target, as_json], help="list certificates")
+    p = cert.add_parser(
+        "ls",
+        parents=[target, as_json],
+        help="list certificates, by id, printing each page as it is read",
+        description="List the certificates by id, a page (500) at a time, each printed as"
+        " it is read: memory holds one page (a directory store also lists its file names for"
+        " each page), whatever the store's size. --json prints one JSON"
+        " array (the REST API's records), written as it goes. --limit and --after are the"
+        " REST API's limit and cursor: when --limit stops the listing before its end, the"
+        " cursor to go on with is printed on stderr ('more: --after CURSOR').",
+    )
+    p.add_argument(
+        "--limit",
+        type=_positive,
+        metavar="N",
+        help="at most N certificates (default: all)",
+    )
+    p.add_argument(
+        "--after",
+        metavar="CURSOR",
+        help="start after this cursor (printed by an earlier --limit; the API's next_cursor)",
+    )
     p.add_argument("--name", metavar="HOST", help="only certificates for exactly this name")
     when = p.add_mutually_exclusive_group()
     when.add_argument(
@@ -131,6 +158,7 @@ def add_cert_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("file", type=Path, metavar="FILE", help="the DER OCSP response")
     p = cert.add_parser("rm", parents=[target], help="delete a certificate")
     p.add_argument("id", metavar="ID", help="the record to delete (see 'cert ls')")
+    add_manage_parser(cert)
     p = cert.add_parser(
         "import",
         parents=[target],
@@ -179,9 +207,10 @@ def add_cert_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p = keys.add_parser(
         "generate",
         help="print a new kid:base64key line for the key file",
-        description="Print a new data key line. Put it FIRST in the key file to make it the "
-        "current key (keep the old lines so existing records still decrypt), then run "
-        "'certagent keys rotate'.",
+        description="Print a new data key line. Put it FIRST in every node's key file to make "
+        "it the current key (keep the old lines so existing records still decrypt), restart the "
+        "agents, then run 'certagent keys rotate'. Until every running agent holds the new key, "
+        "writes with it are refused.",
     )
     p.add_argument(
         "kid",
@@ -190,7 +219,12 @@ def add_cert_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="key id (default: the key's fingerprint, k + 12 hex digits, the same on every node)",
     )
     p = keys.add_parser(
-        "rotate", help="re-encrypt every stored key with the key file's current key"
+        "rotate",
+        help="re-encrypt every stored key with the key file's current key",
+        description="Re-encrypt every stored key with the key file's current key (records and "
+        "the ticket-key ring of a Redis store, ACME account keys). Records a Redis store holds "
+        "in its first layout (one hash each, written before layout 2) are rewritten in layout 2 "
+        "at the same time: online, one record at a time, ids and indexes unchanged.",
     )
     p.add_argument(
         "--config",
@@ -209,6 +243,8 @@ def run_cert_command(args: argparse.Namespace) -> int:
             return 0
         if args.command == "keys":
             return asyncio.run(_rotate_keys(config.load(args.config)))
+        if args.cert_command == "manage":
+            return asyncio.run(run_manage(args))
         return asyncio.run(_cert(args))
     except AgentError as exc:
         print(f"certagent: error: {exc}", file=sys.stderr)
@@ -270,17 +306,8 @@ async def _run_cert(args: argparse.Namespace, backend: Backend) -> int:
         expiring = parse_when(args.expiring_before) if args.expiring_before else None
         if args.expiring:
             expiring = datetime.now(UTC) + parse_within(args.expiring)
-        records = []
-        cursor: str | None = None
-        while True:
-            items, cursor = await backend.page(args.name, expiring, cursor)
-            records += items
-            if cursor is None:
-                break
-        if args.json:
-            _print_json(records)
-        else:
-            _print_table(records)
+        listing = Listing(args.name, expiring, args.after, args.limit)
+        await print_listing(backend, listing, args.json)
         return 0
     if command == "import" and is_lineage(args.path):
         deployed = await deploy_lineage(backend, args.path)
@@ -315,6 +342,12 @@ async def _rotate_keys(settings: config.Settings) -> int:
         f": {result}"
     )
     return 0
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {value!r}")
+    return int(value)
 
 
 def parse_within(value: str) -> timedelta:
@@ -366,13 +399,3 @@ def _print_record(record: Record) -> None:
     ]
     for label, value in rows:
         print(f"{label:<12} {value}")
-
-
-def _print_table(records: list[Record]) -> None:
-    print(f"{'ID':<32}  {'NOT AFTER':<20}  {'VER':>3}  {'KEY':<10}  {'MANAGED':<7}  NAMES")
-    for r in records:
-        print(
-            f"{r['id']:<32}  {r['not_after']:<20}  {r['version']:>3}  {r['key_type']:<10}"
-            f"  {r.get('managed') or '-':<7}  {' '.join(r['names'])}"
-        )
-    print(f"{len(records)} certificate{'s' if len(records) != 1 else ''}", file=sys.stderr)

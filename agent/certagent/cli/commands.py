@@ -18,6 +18,7 @@ from typing import Any
 
 from certagent import __version__, config
 from certagent.cli import logs
+from certagent.cli.agentsocket import SLOTS_ANSWER_TIMEOUT, ask
 from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
 from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domain_command
 from certagent.cli.init import InitOptions, init
@@ -222,9 +223,10 @@ def _parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser(
         "status",
-        help="ask the running agent: pool usage, counters, HAProxy and store health",
+        help="ask the running agent: pool usage, counters, HAProxy and store health, data keys",
         description="Ask the running agent over its unix socket. Exits 1 if the agent does not"
-        " answer or if HAProxy or the store is down.",
+        " answer or if HAProxy or the store is down. Also names the data keys the agent holds"
+        " and the stored records it could not decrypt (their name, id and data key).",
     )
     ps.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     ps.add_argument(
@@ -306,24 +308,9 @@ async def _check(settings: config.Settings) -> bool:
 
 
 async def _status(settings: config.Settings, slots: bool = False) -> dict[str, Any]:
-    return await _ask(settings, b"status slots" if slots else b"status")
-
-
-async def _ask(settings: config.Settings, request: bytes) -> dict[str, Any]:
-    """One request line to the agent's socket; its JSON answer."""
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_unix_connection(settings.agent_socket), 2
-        )
-        writer.write(request + b"\n")
-        line = await asyncio.wait_for(reader.readline(), 10)
-        writer.close()
-    except (OSError, TimeoutError) as exc:
-        raise AgentError(
-            f"agent not reachable at {settings.agent_socket}: {exc}; is 'certagent run' up?"
-        ) from exc
-    result: dict[str, Any] = json.loads(line)
-    return result
+    if slots:
+        return await ask(settings.agent_socket, b"status slots", SLOTS_ANSWER_TIMEOUT)
+    return await ask(settings.agent_socket, b"status")
 
 
 def _print_status(st: dict[str, Any]) -> None:
@@ -369,6 +356,7 @@ def _print_status(st: dict[str, Any]) -> None:
         )
         ch = acme["challenges"]
         print(f"  challenges   {ch['serving']} answered by this node now, {ch['answered']} in all")
+        _print_renewal(acme.get("renewal"))
     tk = st.get("tickets")
     if tk:
         where = {True: "in HAProxy", False: "NOT in HAProxy (haproxy.cfg lacks them)"}
@@ -376,6 +364,25 @@ def _print_status(st: dict[str, Any]) -> None:
             f"ticket keys    generation {tk['generation']}, {where.get(tk['in_haproxy'], '?')},"
             f" next rotation in {_until(tk['next_rotation'])}, ring in {tk['store']}"
         )
+    _print_data_keys(st.get("data_keys"))
+
+
+def _print_data_keys(dk: dict[str, Any] | None) -> None:
+    """The data keys this agent holds, and the records it could not decrypt (5 shown)."""
+    if not dk:
+        return
+    print(
+        f"data keys      {' '.join(dk['key_ids'])} (the first is current),"
+        f" announced as {dk['node']}"
+    )
+    unreadable = dk["undecryptable"]["records"]
+    if unreadable:
+        print(
+            f"  UNDECRYPTABLE {len(unreadable)} record(s) this key file cannot decrypt"
+            " (their hosts get the fallback; --json lists them all):"
+        )
+        for record in unreadable[:5]:
+            print(f"    {record['name']}: record {record['id']}, data key {record['key_id']}")
 
 
 def _until(when: float | None) -> str:
@@ -464,7 +471,7 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "check":
             return 0 if asyncio.run(_check(settings)) else 1
         if args.command == "tls-keys":
-            answer = asyncio.run(_ask(settings, b"tls-keys-rotate"))
+            answer = asyncio.run(ask(settings.agent_socket, b"tls-keys-rotate"))
             if "error" in answer:
                 print(f"certagent: error: {answer['error']}", file=sys.stderr)
                 return 1
@@ -489,3 +496,27 @@ def _main(argv: list[str] | None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _print_renewal(rn: dict[str, Any] | None) -> None:
+    """``status``: the renewal schedule, this node's renewals, overdue and failing names."""
+    if rn is None:
+        print("  renewal      off on this node (renew_tick = 0)")
+        return
+    if "error" in rn:
+        print(f"  renewal      schedule unknown: {rn['error']}")
+        return
+    print(
+        f"  renewal      {rn['scheduled']} scheduled, {rn['due']} due, {rn['overdue']} overdue,"
+        f" {rn['failing']} failing here; renewed here {rn['done']}, failed {rn['failed']}"
+    )
+    for entry in rn["overdue_names"]:
+        print(
+            f"    overdue    {entry['name']}: renewal due since {entry['renew_at']},"
+            f" expires {entry['expires'] or 'unknown'}"
+        )
+    for name, failing in rn["failing_names"].items():
+        print(
+            f"    failing    {name}: {failing['failures']} in a row ({failing['reason']}),"
+            f" expires {failing['expires']}, next attempt {failing['next_attempt']}"
+        )

@@ -4,12 +4,14 @@ Two ways in: into Redis directly, files are validated and encoded in batches by
 worker processes (:mod:`certagent.cli._import_work`) and each batch is written in
 one round trip (:meth:`Store.bulk <certagent.store.base.Store.bulk>`);
 otherwise (a directory store, the REST API) files are added one by one, ``jobs``
-at a time.  Cost: O(files) CPU for validation, O(files / batch) round trips.
+at a time.  Cost: O(files) CPU for validation, O(files / batch) round trips;
+memory: the batches in flight (files are listed as they are imported).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import time
@@ -23,7 +25,14 @@ from typing import TextIO
 
 from certagent.api.client import ApiProblem, ApiUnreachable
 from certagent.api.problems import AlreadyStored
-from certagent.cli._import_work import BatchJob, ImportItem, prepare_batch, read_file, read_key
+from certagent.cli._import_work import (
+    BatchJob,
+    ImportItem,
+    batch_files,
+    prepare_batch,
+    read_file,
+    read_key,
+)
 from certagent.cli.backends import Backend, StoreBackend
 from certagent.cli.progress import Progress
 from certagent.errors import (
@@ -33,7 +42,16 @@ from certagent.errors import (
     StoreError,
     StoreUnavailable,
 )
-from certagent.store.base import BulkWriter, CertRecord, IdTaken, PreparedRecord
+from certagent.store.base import (
+    AddAlone,
+    BulkResult,
+    BulkWriter,
+    CertRecord,
+    IdTaken,
+    PreparedRecord,
+    WireRecord,
+    WireResult,
+)
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -41,8 +59,10 @@ __all__ = [
     "DEFAULT_WORKERS",
     "ImportItem",
     "ImportResult",
+    "count_import_items",
     "find_import_items",
     "import_certificates",
+    "iter_import_items",
 ]
 
 DEFAULT_JOBS = 8
@@ -52,6 +72,9 @@ DEFAULT_BATCH = 200
 DEFAULT_WORKERS = os.cpu_count() or 1
 #: Fewer files than this are validated in the importing process: a pool takes ≈0.5 s to start.
 POOL_FROM = 1000
+
+#: What a worker gives for one file: the record to write, or why the file was refused.
+_Outcome = PreparedRecord | WireRecord | AgentError
 
 
 @dataclass
@@ -81,37 +104,45 @@ class ImportResult:
 
 
 def find_import_items(root: Path) -> list[ImportItem]:
-    """``root/*.pem`` (combined) and certbot lineages in ``root/live/*/`` or ``root/*/``.
+    """Every item :func:`iter_import_items` yields, as a list (O(files) memory)."""
+    return list(iter_import_items(root))
 
-    One listing per directory, file types from the listing (no stat per file):
-    O(files) system calls instead of 3 per file.
+
+def iter_import_items(root: Path) -> Iterator[ImportItem]:
+    """``root/*.pem`` (combined), then certbot lineages in ``root/live/*/`` and ``root/*/``.
+
+    In directory order, as the directory is read: nothing is held but the entry
+    at hand, so memory does not grow with the number of files (a sorted list
+    of a million entries and their paths took ≈600 MB).  File types come from
+    the listing (no stat per file); a lineage costs one stat of its fullchain.
     """
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory")
-    entries = _listing(root)
-    items = [
-        ImportItem(entry.name, root / entry.name, None)
-        for entry in entries
-        if entry.name.endswith(".pem") and not entry.name.startswith(".") and entry.is_file()
-    ]
+    for entry in _entries(root):
+        if entry.name.endswith(".pem") and not entry.name.startswith(".") and entry.is_file():
+            yield ImportItem(entry.name, root / entry.name, None)
     live = root / "live"
-    for base, listing in ((live, _listing(live) if live.is_dir() else []), (root, entries)):
-        for entry in listing:
+    for base in (live, root) if live.is_dir() else (root,):
+        for entry in _entries(base):
             if not entry.is_dir():
                 continue
             lineage = base / entry.name
             fullchain = lineage / "fullchain.pem"
             if fullchain.is_file():
                 label = str(fullchain.relative_to(root))
-                items.append(ImportItem(label, fullchain, lineage / "privkey.pem"))
-    return items
+                yield ImportItem(label, fullchain, lineage / "privkey.pem")
 
 
-def _listing(directory: Path) -> list[os.DirEntry[str]]:
-    """The entries of ``directory`` by name (as sorted paths of one directory compare)."""
+def count_import_items(root: Path) -> int:
+    """How many items :func:`iter_import_items` yields now (one more pass, O(1) memory)."""
+    return sum(1 for _ in iter_import_items(root))
+
+
+def _entries(directory: Path) -> Iterator[os.DirEntry[str]]:
+    """The entries of ``directory``, in directory order, one at a time."""
     try:
         with os.scandir(directory) as found:
-            return sorted(found, key=lambda entry: entry.name)
+            yield from found
     except OSError as exc:
         raise ConfigError(f"cannot list {directory}: {exc.strerror}") from exc
 
@@ -131,17 +162,26 @@ async def import_certificates(
     (0: in this process); otherwise one by one, ``jobs`` at a time.  A file
     that cannot be read or is refused is reported on ``progress`` and skipped;
     one already stored is counted and skipped.  The import stops early only
-    when the store or the API is unavailable (or refuses the token).
+    when the store or the API is unavailable (or refuses the token), or when
+    the fleet's agents do not hold the data key it would encrypt with: into a
+    store directly that is :class:`~certagent.errors.ForeignDataKey` before any
+    write (one check for the whole import).
     ``progress``: where to show it (a bar on a terminal, else a line every few
     seconds), or a :class:`~certagent.cli.progress.Progress` of your own.
     """
-    items = find_import_items(root)
-    result = ImportResult(total=len(items))
     start = time.monotonic()
+    result = ImportResult(total=count_import_items(root))
+    if isinstance(backend, StoreBackend) and result.total:
+        try:
+            await backend.check_keys()  # ForeignDataKey: nothing is written
+        except StoreUnavailable as exc:
+            result.stopped = f"{exc}; nothing was stored: import again to finish"
+            return result
+    items = iter_import_items(root)
     shown = progress if isinstance(progress, Progress) else Progress(progress)
     shown.begin(result)
-    if isinstance(backend, StoreBackend) and items and (bulk := backend.bulk()) is not None:
-        if len(items) < POOL_FROM:
+    if isinstance(backend, StoreBackend) and result.total and (bulk := backend.bulk()) is not None:
+        if result.total < POOL_FROM:
             workers = 0
         await _import_in_batches(backend, bulk, items, result, shown, workers, max(1, batch))
     else:
@@ -152,7 +192,7 @@ async def import_certificates(
 
 
 async def _import_one_by_one(
-    backend: Backend, items: list[ImportItem], result: ImportResult, shown: Progress, jobs: int
+    backend: Backend, items: Iterator[ImportItem], result: ImportResult, shown: Progress, jobs: int
 ) -> None:
     slots = asyncio.Semaphore(max(1, jobs))
     pending: set[asyncio.Task[None]] = set()
@@ -201,7 +241,7 @@ async def _add_one(
 async def _import_in_batches(
     backend: StoreBackend,
     bulk: BulkWriter,
-    items: list[ImportItem],
+    items: Iterator[ImportItem],
     result: ImportResult,
     shown: Progress,
     workers: int,
@@ -210,20 +250,22 @@ async def _import_in_batches(
     """Validate batches in ``workers`` processes, write each in one round trip as it comes.
 
     Up to two batches per worker are in the pool at once, so the workers
-    validate while this process writes.  Results are taken in order.
+    validate while this process writes.  Results are taken in order.  Files
+    are listed as batches are made: memory holds the batches in flight, not
+    the whole directory.
     """
     encoder = bulk.encoder()
     loop = asyncio.get_running_loop()
-    batches = iter([tuple(items[i : i + batch]) for i in range(0, len(items), batch)])
-    pending: deque[tuple[tuple[ImportItem, ...], asyncio.Future[list[PreparedRecord | AgentError]]]]
-    pending = deque()
+    batches = iter(lambda: tuple(itertools.islice(items, batch)), ())  # read as they go
+    pending: deque[tuple[tuple[ImportItem, ...], asyncio.Future[list[_Outcome]]]] = deque()
     with _executor(workers) as pool:
 
         def submit() -> None:
             chunk = next(batches, None)
             if chunk is not None:
                 now = backend.now()
-                job = BatchJob(chunk, backend.policy, encoder, now, now.replace(microsecond=0))
+                files = batch_files(chunk)
+                job = BatchJob(files, backend.policy, encoder, now, now.replace(microsecond=0))
                 pending.append((chunk, loop.run_in_executor(pool, prepare_batch, job)))
 
         try:
@@ -245,13 +287,15 @@ async def _write_batch(
     backend: StoreBackend,
     bulk: BulkWriter,
     chunk: tuple[ImportItem, ...],
-    outcomes: list[PreparedRecord | AgentError],
+    outcomes: list[_Outcome],
     result: ImportResult,
     shown: Progress,
 ) -> None:
     prepared = [outcome for outcome in outcomes if isinstance(outcome, PreparedRecord)]
+    packed = [outcome for outcome in outcomes if isinstance(outcome, WireRecord)]
     try:
-        written = iter(await bulk.add_prepared(prepared))
+        written_prepared = iter(await bulk.add_prepared(prepared) if prepared else [])
+        written_packed = iter(await bulk.add_wire(packed) if packed else [])
     except StoreUnavailable as exc:
         result.stopped = (
             f"{exc}; each record of the last batch is stored entirely or not at all:"
@@ -259,15 +303,23 @@ async def _write_batch(
         )
         return
     except StoreError as exc:
-        written = iter([exc] * len(prepared))
+        written_prepared = iter([exc] * len(prepared))
+        written_packed = iter([exc] * len(packed))
     for item, outcome in zip(chunk, outcomes, strict=True):
-        done = next(written) if isinstance(outcome, PreparedRecord) else outcome
-        if isinstance(done, CertRecord):
+        done: BulkResult | WireResult | AgentError
+        if isinstance(outcome, PreparedRecord):
+            done = next(written_prepared)
+        elif isinstance(outcome, WireRecord):
+            done = next(written_packed)
+        else:
+            done = outcome
+        if isinstance(done, CertRecord | WireRecord):
             result.added += 1
         elif isinstance(done, DuplicateCertificate):
             result.existing += 1
-        elif isinstance(done, IdTaken):
-            await _add_one(backend, item, result, shown)  # its random id was in use: redo
+        elif isinstance(done, IdTaken | AddAlone):
+            # its random id was in use, or the batch cannot write it: add it on its own
+            await _add_one(backend, item, result, shown)
             continue
         else:
             result.failed += 1
@@ -299,5 +351,5 @@ def _already(exc: AgentError) -> bool:
 
 def _fatal(exc: AgentError) -> bool:
     if isinstance(exc, ApiProblem):
-        return exc.status in (401, 403) or exc.status >= 500
+        return exc.status in (401, 403) or exc.status >= 500 or exc.code == "foreign-data-key"
     return isinstance(exc, StoreUnavailable | ApiUnreachable)

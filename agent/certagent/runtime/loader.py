@@ -459,14 +459,15 @@ class Loader:
         if chosen is not None:
             return chosen
         candidates = self.chooser.candidates(self.pool, count, keep)
+        read_at = self._clock()
         usage = await read_usage(
             self.client,
             self.names.usage_table,
             self.names.usage_expire_ms,
             (h for s in candidates for h in s.hosts),
-            self._clock(),
+            read_at,
         )
-        return self.chooser.choose(candidates, count, usage)
+        return self.chooser.choose(candidates, count, usage, read_at)
 
     async def _write(self, todo: list[LoadRequest], loads: list[Load]) -> None:
         """Commit every load, then mark every host of ``todo``: one pipelined write.

@@ -31,6 +31,11 @@ class SlotState(Enum):
     LISTED = "listed"  # a crt-list line with the placeholder: set, commit
 
 
+#: Clients answered "ok" within this many seconds may still be on their way to their handshake.
+ASKED_WINDOW_S = 2.0
+ASKS_KEPT = 8
+
+
 @dataclass
 class Slot:
     name: str
@@ -41,6 +46,17 @@ class Slot:
     seen_at: float = 0.0  # the latest use of its hosts the agent has read (victim choice)
     names: tuple[str, ...] = ()  # the certificate's names (wildcards index the slot)
     ocsp: bytes | None = None  # the OCSP response HAProxy staples for it (DER), if any
+    # when clients were answered "ok" for its hosts, the latest few within ASKED_WINDOW_S
+    asks: tuple[float, ...] = ()
+
+    def note_asked(self, now: float) -> None:
+        """A client was just told its host is served from this slot."""
+        kept = [t for t in self.asks[-(ASKS_KEPT - 1) :] if now - t <= ASKED_WINDOW_S]
+        self.asks = (*kept, now)
+
+    def asked_before(self, at: float) -> int:
+        """Clients answered within ASKED_WINDOW_S before ``at`` (at most ASKS_KEPT)."""
+        return sum(1 for t in self.asks if 0.0 <= at - t <= ASKED_WINDOW_S)
 
 
 class SlotPool:
@@ -124,6 +140,11 @@ class SlotPool:
     def is_marked(self, host: str) -> bool:
         """Whether ``host`` is marked loaded (served by a slot, its connections skip the agent)."""
         return host in self._by_host
+
+    def note_asked(self, host: str, now: float) -> None:
+        """A client was just answered "ok" for ``host``: its slots note it (O(1))."""
+        for slot in self._by_host.get(host, ()):
+            slot.note_asked(now)
 
     def marked_at(self, host: str) -> float | None:
         """When ``host`` was last marked loaded; None if it is not marked."""

@@ -16,7 +16,12 @@ scan of new hosts therefore recycles other one-off hosts, not a host in steady
 use; when every candidate is protected this is plain LRU.  The slots loaded
 most recently (the last quarter of the pool's worth of loads, at most
 ``RECENT_MAX``) are left out of the draw: their first client may still be on
-its way from the agent's answer to its handshake.
+its way from the agent's answer to its handshake.  Beyond those, a slot whose
+hosts had several clients answered "ok" in the ``ASKED_WINDOW_S`` before the
+usage read, more than their entries counted connections then (the second client
+of a coalesced load still on its way, on a loaded machine), goes last of all:
+recycling it would give that client the default certificate, recycling anything
+else costs a load later.
 
 :class:`VictimChooser` is pure (no I/O): :meth:`~VictimChooser.candidates`
 says which slots to read, :meth:`~VictimChooser.choose` ranks them from their
@@ -67,22 +72,34 @@ def usage_from_entry(entry: protocol.TableEntry, expire_ms: int, now: float) -> 
     return HostUsage(now - idle, entry.conn_cnt or 0)
 
 
-def value(slot: Slot, usage: Mapping[str, HostUsage]) -> tuple[bool, float]:
-    """``(protected, last used)`` of a slot: the lower, the better a victim.
+def value(
+    slot: Slot, usage: Mapping[str, HostUsage], read_at: float | None = None
+) -> tuple[bool, bool, float]:
+    """``(awaited, protected, last used)`` of a slot: the lower, the better a victim.
 
     A host missing from ``usage`` left the table (idle past its expiry), so it
     adds nothing; a slot's load time counts as a use.  The first connection
     after a load is the client that asked for it: only more make a host
-    "protected".
+    "protected".  ``awaited`` (only given ``read_at``, when ``usage`` was read):
+    more than one client was answered "ok" for it in the ``ASKED_WINDOW_S``
+    before the read (coalesced on one load) and they outnumber the connections
+    its hosts' entries counted, so some were still on their way.  A single
+    asker, and clients answered after the read, are covered by sparing the
+    latest loads instead (:meth:`VictimChooser.loaded`): an ask whose client
+    never connects (it gave up, or a probe) must not shield a slot for long.
     """
     protected = False
     last = slot.loaded_at
+    connections = 0
     for host in slot.hosts:
         seen = usage.get(host)
         if seen is not None:
             last = max(last, seen.last_seen)
             protected = protected or seen.conn_cnt > 1
-    return protected, last
+            connections += seen.conn_cnt
+    # the first client is covered by sparing the latest loads; only more of them count
+    awaited = read_at is not None and slot.asked_before(read_at) > max(connections, 1)
+    return awaited, protected, last
 
 
 class VictimChooser:
@@ -142,7 +159,7 @@ class VictimChooser:
         ]
         if len(valid) < count:
             return None
-        return self.choose(valid, count, usage)
+        return self.choose(valid, count, usage, read_at)
 
     def loaded(self, pool: SlotPool, name: str) -> None:
         """Slot ``name`` was just loaded: spare it for a while (O(1))."""
@@ -172,12 +189,17 @@ class VictimChooser:
         return list(found.values())
 
     def choose(
-        self, candidates: Sequence[Slot], count: int, usage: Mapping[str, HostUsage]
+        self,
+        candidates: Sequence[Slot],
+        count: int,
+        usage: Mapping[str, HostUsage],
+        read_at: float | None = None,
     ) -> list[Slot]:
-        """The ``count`` least valuable of ``candidates``; remembers the next best few."""
-        values = {s.name: value(s, usage) for s in candidates}
+        """The ``count`` least valuable of ``candidates`` (``usage`` read at ``read_at``;
+        without it no slot counts as awaited); remembers the next best few."""
+        values = {s.name: value(s, usage, read_at) for s in candidates}
         for slot in candidates:
-            slot.seen_at = max(slot.seen_at, values[slot.name][1])
+            slot.seen_at = max(slot.seen_at, values[slot.name][2])
         ranked = sorted(candidates, key=lambda s: (*values[s.name], s.name))
         self._best = {s.name: s for s in ranked[count : count + self.keep_best]}
         return ranked[:count]

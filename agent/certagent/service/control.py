@@ -3,9 +3,10 @@
 ``ensure <hostname> [<haproxy worker pid>]`` -> ``ok`` | ``unknown`` | ``busy`` |
 ``invalid`` | ``error`` (asked by the HAProxy Lua action); ``status`` -> one line
 of JSON (asked by ``certagent status`` and ``check``); ``status slots`` -> the same
-with every slot (O(K)); an operator action (``tls-keys-rotate``) -> one line of
-JSON, ``{"error": ...}`` if it failed.  The socket is created mode 0600: only
-HAProxy's user (and root) may ask.
+with every slot (O(K), ≈175 bytes a slot: one line of any length, framed by the
+end of the connection; the CLI reads to EOF, cli/agentsocket.py); an operator
+action (``tls-keys-rotate``) -> one line of JSON, ``{"error": ...}`` if it
+failed.  The socket is created mode 0600: only HAProxy's user (and root) may ask.
 """
 
 from __future__ import annotations

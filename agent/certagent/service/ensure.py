@@ -3,8 +3,9 @@
 validate -> asked by the worker the loader talks to? (else: a reload?) -> loaded
 already? (then its mark expired, or HAProxy was reloaded) -> negative cache ->
 name filter (certainly not in the store?) -> covered by a loaded wildcard? ->
-single flight per name -> lookup budget -> store lookup -> slot load (waits at
-most ``hold``) -> answer.
+single flight per name -> lookup budget (while the name filter is not ready,
+:data:`~certagent.service.flood.UNFILTERED_RATE` as well) -> store lookup ->
+slot load (waits at most ``hold``) -> answer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from certagent.certs import hostname
 from certagent.config import DualCerts
 from certagent.errors import AgentError, Busy, InvalidHostname
 from certagent.runtime.loader import Loader
-from certagent.service.flood import LookupBudget, UnknownNames
+from certagent.service.flood import UNFILTERED_RATE, LookupBudget, UnknownNames
 from certagent.service.issuer import FirstConnection, Issuer
 from certagent.service.metrics import LatencyHistogram
 from certagent.service.namefilter import NameFilter
@@ -104,16 +105,23 @@ def choose_kinds(
 ) -> tuple[StoredCertificate, ...]:
     """The certificates to load for a name, after the ``dual_certs`` policy.
 
+    One per key kind (ECDSA, RSA), the best of ``found`` (best first): while a
+    renewed certificate and the one it replaces are both stored, the renewed one
+    (its later notAfter) is loaded, and the live path swaps it into the slot.
     ``both`` loads every kind found and lets HAProxy choose per client;
     ``ecdsa`` or ``rsa`` keeps that kind when the name has it (a name with only
     the other kind still gets it).  HAProxy 2.6.12's choice is documented in
     docs/haproxy.md (dual certificates).
     """
-    if dual_certs is DualCerts.BOTH or len(found) < 2:
-        return found
+    best: dict[str, StoredCertificate] = {}
+    for cert in found:
+        best.setdefault(cert.bundle.key_type.split("-", 1)[0], cert)
+    one_each = tuple(best.values())
+    if dual_certs is DualCerts.BOTH or len(one_each) < 2:
+        return one_each
     prefix = "ECDSA" if dual_certs is DualCerts.ECDSA else "RSA"
-    kept = tuple(c for c in found if c.bundle.key_type.startswith(prefix))
-    return kept or found
+    kept = tuple(c for c in one_each if c.bundle.key_type.startswith(prefix))
+    return kept or one_each
 
 
 def _warn_expired(name: str, found: tuple[StoredCertificate, ...]) -> None:
@@ -170,6 +178,8 @@ class Ensurer:
         self.max_hosts_per_wildcard = max_hosts_per_wildcard
         self.unknown = UnknownNames(clock=clock)
         self._recheck = LookupBudget(RECHECKS, RECHECKS, clock=clock)
+        #: store lookups while the name filter is not ready
+        self.unfiltered = LookupBudget(UNFILTERED_RATE, UNFILTERED_RATE, clock=clock)
         self.counters = EnsureCounters()
         self.load_seconds = LatencyHistogram()
         self._clock = clock
@@ -185,6 +195,14 @@ class Ensurer:
         except InvalidHostname:
             self.counters.invalid += 1
             return Outcome.INVALID
+        outcome = await self._ensure(name, pid, started)
+        if outcome is Outcome.OK:
+            # this client is now on its way to its handshake: its slot is not recycled
+            # before its connection counts (runtime.usage), coalesced clients included
+            self.loader.pool.note_asked(name, self._clock())
+        return outcome
+
+    async def _ensure(self, name: str, pid: int | None, started: float) -> Outcome:
         # Every connection of a reloaded HAProxy reaches the newest worker's fe_tls
         # (the hop's socket moves to it), so loads always go to the newest worker.
         identity = self.loader.identity
@@ -328,6 +346,17 @@ class Ensurer:
         With issuance on, a name the store lacks goes to the issuer, which waits
         at most ``issue_wait`` for a certificate (then the fallback: ``busy``).
         """
+        if (
+            not absent
+            and self.names is not None
+            and not self.names.ready
+            and not self.unfiltered.take()
+        ):
+            # No filter yet (at start, or rebuilding): a flood would reach the store.
+            # Counted, not logged per name: the fallback until the filter is ready.
+            self.counters.over_budget += 1
+            self.counters.busy += 1
+            return Outcome.BUSY
         try:
             found: tuple[StoredCertificate, ...] = ()
             if not absent:

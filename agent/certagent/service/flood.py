@@ -3,7 +3,9 @@
 The name filter (:mod:`certagent.service.namefilter`) turns away names the
 store certainly lacks.  What it admits still goes through :class:`LookupBudget`,
 a token bucket that bounds store lookups per second (a burst as large as a
-storm of real new hosts goes through at once).  Names the store does not have
+storm of real new hosts goes through at once); while the filter is not ready
+(before the agent has loaded or built it) a second, smaller one
+(:data:`UNFILTERED_RATE`) applies too.  Names the store does not have
 are reported by :class:`UnknownNames` as one INFO line per interval with a
 count and a few examples, not one line each.
 """
@@ -16,6 +18,9 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+#: Store lookups per second while the name filter is not ready (at start, during a rebuild
+#: after a lost change feed): a flood from the agent's first second reaches the store no more.
+UNFILTERED_RATE = 50.0
 #: Seconds between two summaries of names not in the store.
 INTERVAL = 10.0
 EXAMPLES = 3

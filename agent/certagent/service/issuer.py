@@ -13,10 +13,16 @@ One issuance (:meth:`Issuer._issue`), on the agent that holds the name's lease:
 1. the fleet's pause (a CA ``Retry-After``) and the name's backoff are respected:
    no CA request before they end;
 2. the store is asked again (another agent may have finished meanwhile);
-3. one of the fleet's ``acme_concurrency`` order slots is taken (waiting for one);
+3. one of the fleet's ``acme_concurrency`` order slots is taken (waiting for one),
+   then one unit of the fleet's issuance budget (:mod:`certagent.service.budget`);
+   a refusal frees the slot, so no unit is spent without an order placed;
 4. the order runs (:func:`certagent.acme.obtain_certificate`, challenges through
    :class:`~certagent.service.challenges.FleetSolver`), one per key type, with a
    new key each, the lease renewed meanwhile (a lost lease cancels the order);
+   each key type after the first spends its own budget unit just before its
+   order: when the budget refuses it, the kinds already issued stay stored and
+   served, and the name's renewal entry is moved to the end of the budget's wait,
+   when the renewer orders the name again (all its kinds);
 5. the certificate is validated like an upload and stored through the store's
    write path, fenced by the lease (``add_issued``), marked ``acme``.
 
@@ -42,9 +48,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Protocol
 
 from certagent.acme import (
     AccountDoesNotExist,
+    AcmeClient,
     AcmeDeadline,
     AcmeError,
     AcmeProblem,
@@ -55,11 +63,13 @@ from certagent.acme import (
     obtain_certificate,
 )
 from certagent.acme.csr import CertKeyType
+from certagent.certs.pem import CertBundle
 from certagent.certs.validate import UploadPolicy, validate_upload
 from certagent.errors import AgentError, CertificateError, DuplicateCertificate, LeaseLost
 from certagent.service.acmeaccount import AccountKeeper
 from certagent.service.metrics import LatencyHistogram
 from certagent.service.permission import Permission
+from certagent.service.renewtime import RenewPolicy, cert_rng
 from certagent.store.base import Reader
 from certagent.store.issuance import Issuance, Lease
 
@@ -79,6 +89,49 @@ class FirstConnection(StrEnum):
     PENDING = "pending"  # allowed, but no certificate within the wait (backing off, CA slow)
 
 
+class Budget(Protocol):
+    """The fleet's issuance budget: 0.0 when ``name`` may be ordered now, else seconds to wait.
+
+    A unit is taken when 0.0 is returned; renewals take precedence over new names
+    when the budget is short (:mod:`certagent.service.budget`).
+    """
+
+    async def take(self, name: str, *, renewal: bool) -> float: ...
+
+
+class NoBudget:
+    """No limit: every order may start at once."""
+
+    async def take(self, name: str, *, renewal: bool) -> float:
+        return 0.0
+
+
+class Outcome(StrEnum):
+    """What :meth:`Issuer.order` did."""
+
+    ISSUED = "issued"  # stored (and scheduled for renewal)
+    FAILED = "failed"  # the CA or the store refused; the name backs off (``retry_at``)
+    WAITING = "waiting"  # not ordered: paused, backing off, over budget or no order slot;
+    # or, with several key types, over budget after the first kind(s) were issued and stored
+
+
+@dataclass(frozen=True)
+class Ordered:
+    """The result of one :meth:`Issuer.order`.
+
+    ``retry_at``: for FAILED and WAITING, the earliest moment another try makes
+    sense (Unix seconds).  ``failures``: the name's failures in a row (FAILED).
+    ``reason``: a short label (``failure_reason`` or why it waits);
+    ``detail``: what the CA or the store said.
+    """
+
+    outcome: Outcome
+    retry_at: float = 0.0
+    failures: int = 0
+    reason: str = ""
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class IssuerSettings:
     key_types: tuple[CertKeyType, ...] = ("ecdsa",)
@@ -88,6 +141,7 @@ class IssuerSettings:
     backoff_min: float = 10.0
     backoff_max: float = 3600.0
     policy: UploadPolicy = field(default_factory=UploadPolicy)
+    renew: RenewPolicy = field(default_factory=RenewPolicy)
 
     @property
     def lease_seconds(self) -> float:
@@ -100,6 +154,8 @@ class IssuerCounters:
     orders_started: int = 0
     orders_valid: int = 0
     orders_failed: int = 0
+    renewals_started: int = 0  # of orders_started, those for a renewal
+    budget_waits: int = 0  # orders held back by the issuance budget
     waited_elsewhere: int = 0  # first connections whose name another agent was issuing
     fallbacks: int = 0  # first connections that got the fallback (pending past the wait)
     failed_by_reason: Counter[str] = field(default_factory=Counter)
@@ -148,10 +204,12 @@ class Issuer:
         node: str,
         settings: IssuerSettings,
         *,
+        budget: Budget | None = None,
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.issuance = issuance
+        self.budget: Budget = budget if budget is not None else NoBudget()
         self.reader = reader
         self.permission = permission
         self.accounts = accounts
@@ -235,13 +293,13 @@ class Issuer:
                 self._stored.pop(name, None)
 
     async def _issue(self, name: str) -> None:
-        limits, locks = self.issuance.limits, self.issuance.locks
+        """One on-demand issuance of ``name`` (module docstring), if nothing holds it back."""
         now = self._clock()
-        paused = await limits.paused_until()
+        paused = await self.issuance.limits.paused_until()
         if paused > now:
             log.info("not ordering %s: the CA asked to wait %.0f s more", name, paused - now)
             return
-        state = await limits.name_state(name)
+        state = await self.issuance.limits.name_state(name)
         if state is not None and state.not_before > now:
             log.info(
                 "not ordering %s: %d failure(s), next attempt in %.0f s (last: %s)",
@@ -251,6 +309,7 @@ class Issuer:
                 state.last_error,
             )
             return
+        locks = self.issuance.locks
         lease = await locks.acquire(name, self.node, self.settings.lease_seconds)
         if lease is None:
             self._elsewhere.add(name)
@@ -260,15 +319,75 @@ class Issuer:
             if await self.reader.lookup_all(name):
                 self.stored((name,))
                 return
-            async with self._local:
-                if not await self._take_slot(name, lease):
-                    return
-                try:
-                    await self._order(name, lease)
-                finally:
-                    await limits.free_order_slot(name)
+            ordered = await self.order(name, lease, renewal=False)
+            if ordered.outcome is Outcome.WAITING:
+                log.info(
+                    "not ordering %s now (%s): next attempt in %.0f s at the earliest",
+                    name,
+                    ordered.detail or ordered.reason,
+                    max(0.0, ordered.retry_at - self._clock()),
+                )
         finally:
             await locks.release(lease)
+
+    # --- one order, for a first connection or a renewal -------------------------------------
+
+    async def order(
+        self, name: str, lease: Lease, *, renewal: bool, replaces: str | None = None
+    ) -> Ordered:
+        """Order ``name``'s certificate(s) under ``lease`` and store them, scheduled for renewal.
+
+        The caller holds ``lease`` (and releases it).  Nothing reaches the CA while
+        the fleet is paused (a CA ``Retry-After``), the name backs off after a
+        failure, none of the fleet's order slots frees up while the lease lasts, or
+        the budget says wait: those come back WAITING with the moment to try again.
+        The slot is taken before the budget is asked (a unit is spent only for an
+        order placed) and freed once on every path.  One budget unit per order: with
+        several key types, a refusal after the first kind(s) keeps what was stored
+        and comes back WAITING too (the name's renewal entry moved to ``retry_at``).
+        ``replaces``: the ARI id of the certificate a renewal replaces (RFC 9773 §5).
+        A failure is recorded (the name backs off, a 429 pauses the fleet) and
+        comes back FAILED.  StoreError if the store cannot be asked.
+        """
+        limits = self.issuance.limits
+        now = self._clock()
+        paused = await limits.paused_until()
+        if paused > now:
+            return Ordered(Outcome.WAITING, paused, reason="paused", detail="the CA asked to wait")
+        state = await limits.name_state(name)
+        if state is not None and state.not_before > now:
+            return Ordered(
+                Outcome.WAITING,
+                state.not_before,
+                state.failures,
+                reason="backoff",
+                detail=f"{state.failures} failure(s) in a row, last: {state.last_error}",
+            )
+        async with self._local:
+            # freed in every case, also when the take itself was cancelled midway: a
+            # no-op when none was taken (the slot is the name's, and we hold its lease)
+            try:
+                if not await self._take_slot(name, lease):
+                    return Ordered(
+                        Outcome.WAITING,
+                        self._clock() + SLOT_POLL,
+                        reason="slots",
+                        detail=f"the fleet's {self.settings.concurrency} order slots stayed busy",
+                    )
+                wait = await self.budget.take(name, renewal=renewal)
+                if wait > 0:
+                    return self._over_budget(wait, "")
+                return await self._order(name, lease, renewal=renewal, replaces=replaces)
+            finally:
+                await limits.free_order_slot(name)
+
+    def _over_budget(self, wait: float, issued: str) -> Ordered:
+        """WAITING for the budget; ``issued``: the kinds stored before it refused, if any."""
+        self.counters.budget_waits += 1
+        detail = f"the fleet's issuance budget is spent for {wait:.0f} s"
+        if issued:
+            detail = f"{issued} issued, then {detail}; the other kinds are ordered then"
+        return Ordered(Outcome.WAITING, self._clock() + wait, reason="budget", detail=detail)
 
     async def _take_slot(self, name: str, lease: Lease) -> bool:
         """One of the fleet's order slots, waiting for one while the lease lasts."""
@@ -278,20 +397,25 @@ class Issuer:
             ):
                 return True
             await asyncio.sleep(SLOT_POLL)
-        log.warning("not ordering %s: the fleet's %d order slots stayed busy", name,
-                    self.settings.concurrency)
+        log.warning(
+            "not ordering %s: the fleet's %d order slots stayed busy",
+            name,
+            self.settings.concurrency,
+        )
         return False
 
-    async def _order(self, name: str, lease: Lease) -> None:
+    async def _order(
+        self, name: str, lease: Lease, *, renewal: bool, replaces: str | None
+    ) -> Ordered:
         """Order, store and announce ``name``'s certificate(s); record a failure if any."""
         self.counters.orders_started += 1
-        work = asyncio.create_task(self._obtain_and_store(name, lease))
+        self.counters.renewals_started += renewal
+        work = asyncio.create_task(self._obtain_and_store(name, lease, renewal, replaces))
         keeper = asyncio.create_task(self._keep(lease, work))
         try:
             await work
         except (AgentError, TimeoutError) as exc:
-            await self._failed(name, exc)
-            return
+            return await self._failed(name, exc)
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -299,8 +423,16 @@ class Issuer:
         self.counters.orders_valid += 1
         await self.issuance.limits.clear_failures(name)
         self.stored((name,))
+        short = work.result()
+        if short is not None:
+            wait, issued, not_after = short
+            ordered = self._over_budget(wait, issued)
+            # then the renewer orders the name again, all its kinds (the new ones replace these)
+            await self.issuance.renewals.schedule(name, ordered.retry_at, not_after)
+            return ordered
+        return Ordered(Outcome.ISSUED)
 
-    async def _keep(self, lease: Lease, work: asyncio.Task[None]) -> None:
+    async def _keep(self, lease: Lease, work: asyncio.Task[object]) -> None:
         """Renew ``lease`` every third of its life; cancel ``work`` if it is lost."""
         ttl = self.settings.lease_seconds
         while not work.done():
@@ -315,9 +447,39 @@ class Issuer:
                 work.cancel()
                 return
 
-    async def _obtain_and_store(self, name: str, lease: Lease) -> None:
+    async def renew_at(self, bundle: CertBundle, client: AcmeClient) -> float:
+        """When ``bundle`` should be renewed: its default moment, or sooner to ask ARI.
+
+        Where the CA offers renewalInfo, the entry comes due when ARI should first be
+        asked (``renew_ari_max`` at most), and the renewer follows the CA's window.
+        """
+        policy = self.settings.renew
+        at = policy.default_at(
+            bundle.not_before.timestamp(),
+            bundle.not_after.timestamp(),
+            cert_rng(f"{bundle.serial:X}"),
+        )
+        if (await client.directory()).renewal_info is not None:
+            at = min(at, policy.ari_check_at(self._clock(), None))
+        return at
+
+    async def _obtain_and_store(
+        self, name: str, lease: Lease, renewal: bool, replaces: str | None
+    ) -> tuple[float, str, float] | None:
+        """One order per key type; None, or (budget wait, kinds issued, their not_after).
+
+        The first kind's budget unit was taken by :meth:`order`; each further kind
+        takes its own just before its order, and a refusal ends the loop there.
+        """
         client = await self.accounts.client()
-        for key_type in self.settings.key_types:
+        issued_kinds: list[str] = []
+        not_after = 0.0
+        for index, key_type in enumerate(self.settings.key_types):
+            if index > 0:
+                wait = await self.budget.take(name, renewal=renewal)
+                if wait > 0:
+                    return wait, "+".join(issued_kinds), not_after
+            issued_kinds.append(key_type)
             try:
                 issued = await obtain_certificate(
                     client,
@@ -325,6 +487,7 @@ class Issuer:
                     self.solver,
                     key_type=key_type,
                     profile=self.settings.profile,
+                    replaces=replaces,
                     timeout=self.settings.order_timeout,
                 )
             except AccountDoesNotExist:
@@ -335,29 +498,34 @@ class Issuer:
                     self.solver,
                     key_type=key_type,
                     profile=self.settings.profile,
+                    replaces=replaces,
                     timeout=self.settings.order_timeout,
                 )
             bundle = validate_upload(
                 issued.chain_pem,
                 issued.key_pem,
-                now=datetime.now(UTC),
+                now=datetime.fromtimestamp(self._clock(), UTC),
                 policy=self.settings.policy,
             )
+            renew_at = await self.renew_at(bundle, client)
+            not_after = max(not_after, bundle.not_after.timestamp())
             try:
-                record = await self.issuance.locks.add_issued(bundle, lease)
+                record = await self.issuance.locks.add_issued(bundle, lease, renew_at=renew_at)
             except DuplicateCertificate:
                 continue
             log.info(
-                "issued %s: certificate %s (%s, serial %s, until %s) from %s",
+                "issued %s: certificate %s (%s, serial %s, until %s, renewal at %s) from %s",
                 name,
                 record.id,
                 record.key_type,
                 record.serial,
                 record.not_after.isoformat(),
+                datetime.fromtimestamp(renew_at, UTC).isoformat(timespec="seconds"),
                 issued.order_url,
             )
+        return None
 
-    async def _failed(self, name: str, exc: BaseException) -> None:
+    async def _failed(self, name: str, exc: BaseException) -> Ordered:
         self.counters.orders_failed += 1
         reason = failure_reason(exc)
         self.counters.failed_by_reason[reason] += 1
@@ -384,6 +552,7 @@ class Issuer:
             failures,
             delay,
         )
+        return Ordered(Outcome.FAILED, now + delay, failures, reason, what)
 
     # --- status and shutdown ----------------------------------------------------------------
 
@@ -397,6 +566,8 @@ class Issuer:
             "orders_started": counters.orders_started,
             "orders_valid": counters.orders_valid,
             "orders_failed": counters.orders_failed,
+            "renewals_started": counters.renewals_started,
+            "budget_waits": counters.budget_waits,
             "failed_by_reason": dict(counters.failed_by_reason),
             "waited_elsewhere": counters.waited_elsewhere,
             "fallbacks": counters.fallbacks,

@@ -138,6 +138,8 @@ class LiveUpdater:
                     if self.position is None:
                         _, self.position = await self.store.changes(None, 0)
                         await self.reconcile(self.loader.pool.slots)
+                    if self.names is not None:
+                        self.names.followed(self.position)  # its filter holds all up to here
                     changes, self.position = await self.store.changes(
                         self.position, WAIT_SECONDS
                     )

@@ -162,6 +162,9 @@ class _Snapshot(Collector):
         issuance = st.get("issuance")
         if issuance is not None:
             yield from _issuance(issuance)
+        data_keys = st.get("data_keys")
+        if data_keys is not None:
+            yield from _undecryptable(data_keys["undecryptable"])
         tickets = st.get("tickets")
         if tickets is not None and tickets.get("rotated_at") is not None:
             yield _gauge(
@@ -224,6 +227,75 @@ def _issuance(st: Mapping[str, Any]) -> Iterator[Metric]:
         "certagent_acme_challenges_served",
         "ACME challenge answers this node serves now",
         st["challenges"]["serving"],
+    )
+    yield _counter(
+        "certagent_acme_budget_waits",
+        "Orders the fleet's issuance budget held back (each tried again later)",
+        st.get("budget_waits", 0),
+    )
+    budget = st.get("budget")
+    if budget is not None:
+        spent = CounterMetricFamily(
+            "certagent_acme_budget_orders",
+            "Orders this agent asked the fleet's issuance budget for, by kind and answer",
+            labels=["kind", "answer"],
+        )
+        for answer in ("taken", "refused"):
+            for kind in ("new", "renewal"):
+                spent.add_metric([kind, answer], budget[answer].get(kind, 0))
+        yield spent
+    renewal = st.get("renewal")
+    if renewal is not None and "error" not in renewal:
+        yield from _renewal(renewal)
+
+
+def _renewal(st: Mapping[str, Any]) -> Iterator[Metric]:
+    """Renewal: the fleet's schedule (from the store), this node's renewals and failures."""
+    for key, doc in (
+        ("scheduled", "ACME-managed names in the fleet's renewal schedule"),
+        ("due", "Names whose renewal time has come"),
+        ("overdue", "Names whose renewal time passed more than renew_overdue_grace ago"),
+        ("failing", "Names whose last renewal on this node failed"),
+    ):
+        yield _gauge(f"certagent_renewals_{key}", doc, st[key])
+    done = CounterMetricFamily(
+        "certagent_renewals", "Renewals this node attempted, by result", labels=["result"]
+    )
+    for result in ("done", "failed", "postponed"):
+        done.add_metric([result], st[result])
+    yield done
+    yield _counter(
+        "certagent_renewal_ari_checks", "renewalInfo (ARI) requests to the CA", st["ari_checks"]
+    )
+    hist = st["renew_seconds"]
+    yield HistogramMetricFamily(
+        "certagent_renewal_delay_seconds",
+        "From a name's renewal time to its renewed certificate in the store, in seconds",
+        buckets=[
+            (_le(bound), count)
+            for bound, count in zip(
+                [*hist["buckets"], float("inf")], _cumulative(hist["counts"]), strict=True
+            )
+        ],
+        sum_value=hist["sum"],
+    )
+
+
+def _undecryptable(st: Mapping[str, Any]) -> Iterator[Metric]:
+    """Records the agent could not decrypt: lookups by data key (at most 9 labels), listed now."""
+    met = CounterMetricFamily(
+        "certagent_undecryptable_records",
+        "Lookups that met a stored record this agent cannot decrypt, by the data key it names"
+        " (a key missing from key_file, or an altered record; `certagent status` names them)",
+        labels=["key_id"],
+    )
+    for key_id, count in st["by_key_id"].items():
+        met.add_metric([key_id], count)
+    yield met
+    yield _gauge(
+        "certagent_undecryptable_records_listed",
+        "Records that did not decrypt when last met, as `certagent status` lists them (at most 20)",
+        len(st["records"]),
     )
 
 

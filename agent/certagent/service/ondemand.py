@@ -24,10 +24,12 @@ from certagent.runtime.challenges import CHALLENGE_PREFIX, ChallengeSlots
 from certagent.runtime.client import RuntimeClient
 from certagent.runtime.loader import Loader
 from certagent.service.acmeaccount import AccountKeeper, AccountSettings
+from certagent.service.budget import BudgetSettings, IssueBudget
 from certagent.service.challenges import ChallengeResponder, FleetSolver
 from certagent.service.flood import LookupBudget
 from certagent.service.issuer import Issuer, IssuerSettings
 from certagent.service.permission import Permission, parse_suffixes
+from certagent.service.renewer import renewer_settings
 from certagent.store.base import Change, Store
 from certagent.store.factory import read_secret
 
@@ -47,6 +49,7 @@ class OnDemand:
     issuer: Issuer
     responder: ChallengeResponder
     slots: ChallengeSlots
+    budget: IssueBudget | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def on_change(self, change: Change) -> None:
@@ -77,7 +80,10 @@ class OnDemand:
             log.warning("answering live challenges on the new HAProxy session: %s", exc)
 
     def status(self) -> dict[str, object]:
-        return {**self.issuer.status(), "challenges": self.responder.status()}
+        out = {**self.issuer.status(), "challenges": self.responder.status()}
+        if self.budget is not None:
+            out["budget"] = self.budget.status()
+        return out
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -122,6 +128,7 @@ def build(settings: Settings, store: Store, loader: Loader, lookups: LookupBudge
         node,
     )
     solver = FleetSolver(issuance.challenges, challenge_types=(settings.acme_challenge,))
+    budget = IssueBudget(issuance.renewals, BudgetSettings.from_settings(settings))
     issuer = Issuer(
         issuance,
         store,
@@ -137,7 +144,9 @@ def build(settings: Settings, store: Store, loader: Loader, lookups: LookupBudge
             backoff_min=settings.acme_backoff_min,
             backoff_max=settings.acme_backoff_max,
             policy=upload_policy(settings),
+            renew=renewer_settings(settings).policy,
         ),
+        budget=budget,
     )
     slots = ChallengeSlots(
         loader,
@@ -153,4 +162,4 @@ def build(settings: Settings, store: Store, loader: Loader, lookups: LookupBudge
         settings.acme_challenge,
         "; ".join(permission.describe()),
     )
-    return OnDemand(issuer, responder, slots)
+    return OnDemand(issuer, responder, slots, budget)

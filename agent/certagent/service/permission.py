@@ -57,6 +57,7 @@ class Decision:
     by: By
     cached: bool = False
     reason: str = ""  # for a denial: what was asked and what it answered
+    transient: bool = False  # a denial for now (over a rate, endpoint unreachable): ask later
 
 
 @dataclass
@@ -81,9 +82,7 @@ def parse_suffixes(value: str) -> tuple[str, ...]:
         try:
             out.append(hostname.normalise(entry))
         except AgentError as exc:
-            raise ConfigError(
-                f"acme_allow_suffixes: {raw!r} is not a domain name ({exc})"
-            ) from exc
+            raise ConfigError(f"acme_allow_suffixes: {raw!r} is not a domain name ({exc})") from exc
     return tuple(out)
 
 
@@ -217,7 +216,9 @@ class Permission:
     async def _decide(self, name: str) -> Decision:
         if self.registry is not None:
             if self._store_budget is not None and not self._store_budget.take():
-                return Decision(False, By.NONE, reason="over the store-lookup budget")
+                return Decision(
+                    False, By.NONE, reason="over the store-lookup budget", transient=True
+                )
             if await self.registry.registration(name) is not None:
                 decision = Decision(True, By.REGISTERED)
                 self._cache.put(name, decision, self.allow_ttl)
@@ -231,7 +232,7 @@ class Permission:
     async def _ask(self, name: str) -> Decision:
         if not self._ask_budget.take():
             self.counters.over_budget += 1
-            return Decision(False, By.ASK, reason="over the ask endpoint's rate")
+            return Decision(False, By.ASK, reason="over the ask endpoint's rate", transient=True)
         self.counters.ask_requests += 1
         session = self._session or self._new_session()
         try:
@@ -244,12 +245,15 @@ class Permission:
             self.counters.ask_errors += 1
             reason = f"{self.ask_url} did not answer ({type(exc).__name__}: {exc})"
             log.warning("permission for %s denied: %s", name, reason)
-            return Decision(False, By.ASK, reason=reason)  # not cached: ask again next time
+            return Decision(False, By.ASK, reason=reason, transient=True)  # not cached
         if 200 <= status < 300:
             decision = Decision(True, By.ASK)
             self._cache.put(name, decision, self.allow_ttl)
         else:
-            decision = Decision(False, By.ASK, reason=f"{self.ask_url} answered {status}")
+            # a 5xx denies too (Caddy's rule), but says nothing lasting about the name
+            decision = Decision(
+                False, By.ASK, reason=f"{self.ask_url} answered {status}", transient=status >= 500
+            )
             self._cache.put(name, decision, self.deny_ttl)
         return decision
 

@@ -9,7 +9,8 @@ A caller asks for the role it uses, not for a kind of store:
   :class:`Store` returning the role's object, or None where the store has
   none: :meth:`Store.ticket_ring` (:class:`RingStore`), :meth:`Store.data_keys`
   (:class:`DataKeys`), :meth:`Store.bulk` (:class:`BulkWriter`),
-  :meth:`Store.issuance` (:class:`~certagent.store.issuance.Issuance`).
+  :meth:`Store.issuance` (:class:`~certagent.store.issuance.Issuance`),
+  :meth:`Store.filter_snapshot` (:class:`SnapshotSlot`).
 
 Implementations: :class:`~certagent.store.redis.RedisStore` and
 :class:`~certagent.store.directory.DirectoryStore`.  A wrapper that changes one
@@ -29,7 +30,9 @@ from certagent.certs.pem import CertBundle
 from certagent.certs.stored import StoredCertificate
 from certagent.certs.ticketkeys import TicketRing
 from certagent.store.issuance import Issuance
+from certagent.store.unreadable import UnreadableRecords
 from certagent.store.values import (
+    AddAlone,
     AddResult,
     BulkResult,
     CertRecord,
@@ -38,9 +41,12 @@ from certagent.store.values import (
     IdTaken,
     Page,
     PreparedRecord,
+    WireRecord,
+    WireResult,
 )
 
 __all__ = [
+    "AddAlone",
     "AddResult",
     "BulkResult",
     "BulkWriter",
@@ -58,8 +64,11 @@ __all__ = [
     "Reader",
     "RecordEncoder",
     "RingStore",
+    "SnapshotSlot",
     "Store",
     "StoredCertificate",
+    "WireRecord",
+    "WireResult",
     "Writer",
 ]
 
@@ -112,8 +121,9 @@ class Reader(Protocol):
     def names(self) -> AsyncIterator[str]:
         """Every name (or ``*.`` pattern) some record has, each at least once, any order.
 
-        O(N): the agent reads it once at start to build its name filter
-        (:mod:`certagent.service.namefilter`) and again only if that goes stale.
+        O(N): the agent reads it to build its name filter
+        (:mod:`certagent.service.namefilter`) only when there is no usable
+        snapshot of it (:meth:`Store.filter_snapshot`) or it goes stale.
         """
         ...
 
@@ -222,12 +232,50 @@ class DataKeys(Protocol):
         """Re-encrypt every key not made with the current data key; return how many."""
         ...
 
+    async def announce(self, node: str, key_ids: Sequence[str], ttl: float) -> None:
+        """Agent ``node`` holds ``key_ids`` for ``ttl`` s more (by the store's clock): O(nodes)."""
+        ...
+
+    async def withdraw(self, node: str) -> None:
+        """Agent ``node`` stopped: its announcement goes at once."""
+        ...
+
+    async def fleet_key_ids(self) -> dict[str, frozenset[str]]:
+        """Running agent -> the key ids it announced, lapsed ones left out: one read, O(nodes)."""
+        ...
+
+    def unreadable(self) -> UnreadableRecords:
+        """The records this store's lookups met and could not decrypt (bounded, this process)."""
+        ...
+
+
+class SnapshotSlot(Protocol):
+    """Where agents keep the name filter's snapshot (:meth:`Store.filter_snapshot`): one blob."""
+
+    def describe(self) -> str: ...
+
+    async def read(self, limit: int | None = None) -> bytes | None:
+        """The blob (its first ``limit`` bytes); None if there is none.  O(its size)."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Replace the blob with ``data`` (one write, whole or not at all)."""
+        ...
+
 
 class RecordEncoder(Protocol):
     """Encodes new records for :meth:`BulkWriter.add_prepared`: pure, no I/O, picklable."""
 
     def prepare(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord:
         """``bundle`` under a new random id, version 1, its key encrypted for that id."""
+        ...
+
+    def encode(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord | WireRecord:
+        """:meth:`prepare`, in the cheapest form the writer takes: a :class:`WireRecord` if it can.
+
+        A :class:`WireRecord` goes to :meth:`BulkWriter.add_wire`, a
+        :class:`PreparedRecord` to :meth:`BulkWriter.add_prepared`.
+        """
         ...
 
 
@@ -244,6 +292,13 @@ class BulkWriter(Protocol):
 
     async def add_prepared(self, records: Sequence[PreparedRecord]) -> list[BulkResult]:
         """:meth:`add_many` for records from :meth:`encoder`; IdTaken: prepare that one again."""
+        ...
+
+    async def add_wire(self, records: Sequence[WireRecord]) -> list[WireResult]:
+        """:meth:`add_prepared` for :meth:`RecordEncoder.encode`'s wire form.
+
+        AddAlone: add that one through :meth:`Writer.add` instead.
+        """
         ...
 
 
@@ -278,5 +333,13 @@ class Store(Reader, Writer, ChangeFeed, OcspWriter, Lifecycle, Protocol):
         """What ACME issuance keeps in the store (:mod:`certagent.store.issuance`).
 
         None if this store cannot keep it.
+        """
+        ...
+
+    def filter_snapshot(self) -> SnapshotSlot | None:
+        """Where the name filter's snapshot is kept (:mod:`certagent.service.bloom`).
+
+        None if this store has no use for one: its change feed does not
+        survive the process, so a snapshot could not be brought up to date.
         """
         ...

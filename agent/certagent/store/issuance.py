@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 from certagent.certs.pem import CertBundle
+from certagent.store.renewals import Renewals
 from certagent.store.values import CertRecord
 
 __all__ = [
@@ -153,7 +154,12 @@ class IssueLocks(Protocol):
         ...
 
     async def add_issued(
-        self, bundle: CertBundle, lease: Lease, *, managed: str = ACME_MANAGED
+        self,
+        bundle: CertBundle,
+        lease: Lease,
+        *,
+        managed: str = ACME_MANAGED,
+        renew_at: float | None = None,
     ) -> CertRecord:
         """Store an issued certificate through the normal write path, fenced by ``lease``.
 
@@ -162,6 +168,11 @@ class IssueLocks(Protocol):
         LeaseLost, writing nothing that any reader sees, unless ``lease`` is still
         the name's current lease at the moment of the write.  DuplicateCertificate
         as for ``add``.
+
+        With ``renew_at``, the same write also schedules ``lease.name``
+        (:class:`~certagent.store.renewals.Renewals`: ``renew_at`` and the new
+        certificate's ``not_after``), so a write refused with LeaseLost schedules
+        nothing either.
         """
         ...
 
@@ -271,7 +282,8 @@ class Issuance:
 
     ``shared``: True when several agents can share these (Redis); False for a
     store that is one node's own (a directory), where issuance works for that
-    node only.
+    node only.  ``renewals``: the renewal schedule and budget
+    (:mod:`certagent.store.renewals`).
     """
 
     accounts: AccountStore
@@ -279,4 +291,5 @@ class Issuance:
     challenges: ChallengeBoard
     domains: DomainRegistry
     limits: IssueLimits
+    renewals: Renewals
     shared: bool

@@ -49,6 +49,9 @@ from certagent.store.issuing import (
     lease_lost,
     lease_value,
 )
+from certagent.store.localrenewals import LocalRenewals
+from certagent.store.renewals import DueRenewal
+from certagent.store.renewing import check_entry
 from certagent.store.values import CertRecord, Change
 
 __all__ = [
@@ -74,12 +77,16 @@ class LocalLocks:
     """:class:`~certagent.store.issuance.IssueLocks` of one node.
 
     Tokens are at least the clock in milliseconds and grow by one at least per
-    lease, so they keep growing across restarts.
+    lease, so they keep growing across restarts.  ``renewals``: the schedule
+    ``add_issued(..., renew_at=...)`` writes to.
     """
 
-    def __init__(self, add: Adder, clock: Clock = time.time) -> None:
+    def __init__(
+        self, add: Adder, clock: Clock = time.time, renewals: LocalRenewals | None = None
+    ) -> None:
         self._add = add
         self._clock = clock
+        self._renewals = renewals
         self._held: dict[str, Lease] = {}
         self._fence = 0
 
@@ -119,9 +126,23 @@ class LocalLocks:
             del self._held[lease.name]
 
     async def add_issued(
-        self, bundle: CertBundle, lease: Lease, *, managed: str = ACME_MANAGED
+        self,
+        bundle: CertBundle,
+        lease: Lease,
+        *,
+        managed: str = ACME_MANAGED,
+        renew_at: float | None = None,
     ) -> CertRecord:
-        """The store's add, if ``lease`` is current; it is made to last the write out first."""
+        """The store's add, if ``lease`` is current; it is made to last the write out first.
+
+        With ``renew_at``, ``lease.name`` is scheduled once the record is written
+        (one node: nothing can take the lease in between).
+        """
+        entry: DueRenewal | None = None
+        if renew_at is not None:
+            if self._renewals is None:
+                raise ValueError("this store keeps no renewal schedule")
+            entry = check_entry(lease.name, renew_at, bundle.not_after.timestamp())
         current = self._ours(lease)
         if current is None:
             held = self._current(check_name(lease.name))
@@ -129,7 +150,10 @@ class LocalLocks:
         hold = self._clock() + HOLD_SECONDS
         if current.expires_at < hold:
             self._held[current.name] = dataclasses.replace(current, expires_at=hold)
-        return await self._add(bundle, managed)
+        record = await self._add(bundle, managed)
+        if entry is not None and self._renewals is not None:
+            await self._renewals.put(entry)
+        return record
 
 
 class LocalBoard:

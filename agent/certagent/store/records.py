@@ -15,13 +15,14 @@ from datetime import datetime
 from cryptography.x509 import ocsp as x509_ocsp
 
 from certagent.certs import hostname
-from certagent.certs.pem import CertBundle, LeafInfo, parse_bundle
+from certagent.certs.pem import CertBundle, LeafInfo, parse_bundle, parse_der_bundle
 from certagent.errors import CertificateError, InvalidCursor, StoreCorrupt
 from certagent.store.base import CertRecord, StoredCertificate
 
 __all__ = [
     "best_first",
     "candidate_names",
+    "check_der_record",
     "check_record",
     "decode_cursor",
     "encode_cursor",
@@ -141,6 +142,39 @@ def check_record(
     except StoreCorrupt as exc:
         log.warning("ignoring store record for %s: %s", name, exc)
         return None
+    return _covering(store, record_id, name, stored, ocsp)
+
+
+def check_der_record(
+    store: str,
+    record_id: str,
+    name: str,
+    leaf_der: bytes,
+    key: tuple[str, bytes],
+    chain_pem: bytes = b"",
+    ocsp: bytes | None = None,
+) -> StoredCertificate | None:
+    """:func:`check_record` for a compact record: its leaf and ``key`` (PEM label, DER)
+    as DER, ``chain_pem`` the certificates after the leaf, each parsed once already
+    (:func:`~certagent.certs.pem.parse_der_bundle`)."""
+    try:
+        bundle = parse_der_bundle(leaf_der, *key, chain_pem, rsa_key_check="match")
+    except CertificateError as exc:
+        log.warning(
+            "ignoring store record for %s: %s: record %r is not a valid bundle: %s",
+            name,
+            store,
+            record_id,
+            exc,
+        )
+        return None
+    return _covering(store, record_id, name, StoredCertificate(id=record_id, bundle=bundle), ocsp)
+
+
+def _covering(
+    store: str, record_id: str, name: str, stored: StoredCertificate, ocsp: bytes | None
+) -> StoredCertificate | None:
+    """``stored`` if it covers ``name`` (else None and a warning), with ``ocsp`` if it fits."""
     if not any(hostname.covers(pattern, name) for pattern in stored.bundle.names):
         log.warning(
             "ignoring store record for %s: %s: record %r (sha256 %s) covers only %s",

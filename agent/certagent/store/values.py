@@ -13,6 +13,7 @@ from typing import Literal
 from certagent.errors import DuplicateCertificate, StoreError
 
 __all__ = [
+    "AddAlone",
     "AddResult",
     "BulkResult",
     "CertRecord",
@@ -21,6 +22,8 @@ __all__ = [
     "IdTaken",
     "Page",
     "PreparedRecord",
+    "WireRecord",
+    "WireResult",
 ]
 
 
@@ -77,23 +80,53 @@ class PreparedRecord:
     ``payload`` is the store's own encoding of the record, its key encrypted:
     safe to pass between processes and to keep in memory, and ``repr()``
     leaves it out anyway.  ``expiry``: its notAfter in Unix seconds.
+    ``shared``: what the record refers to and the store keeps once for many
+    records (the Redis store: the chain of issuers' certificates), or ``b""``.
     """
 
     record: CertRecord
     payload: bytes = field(repr=False)
     expiry: float
+    shared: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class WireRecord:
+    """A new record as the store's own ready-to-send write (:class:`BulkWriter`), and little else.
+
+    The bulk import's cheap form: a worker process makes it, the importing
+    process sends ``command`` as it is (for one Redis: the ``EVALSHA`` of the
+    add script, RESP-encoded) and needs of the record only its id and
+    fingerprint (the outcome's words).  Its key is encrypted inside
+    ``command``; ``repr()`` leaves ``command`` out anyway.
+    """
+
+    id: str
+    fingerprint_sha256: str
+    command: bytes = field(repr=False)
 
 
 @dataclass(frozen=True)
 class IdTaken:
     """The record's random id was already in use (1 in 2**64 per record): prepare it again."""
 
-    prepared: PreparedRecord
+    prepared: PreparedRecord | WireRecord
+
+
+@dataclass(frozen=True)
+class AddAlone:
+    """The bulk path cannot write this record (``reason``): add it through :meth:`Writer.add`.
+
+    E.g. a Redis user who may not run scripts: the ready-made script call is refused.
+    """
+
+    record: WireRecord
+    reason: str
 
 
 #: One result per record of :meth:`BulkWriter.add_prepared`, in order.
 BulkResult = CertRecord | DuplicateCertificate | IdTaken | StoreError
+#: One result per record of :meth:`BulkWriter.add_wire`, in order (the record itself: added).
+WireResult = WireRecord | DuplicateCertificate | IdTaken | AddAlone | StoreError
 #: One result per bundle of :meth:`BulkWriter.add_many`, in order.
 AddResult = CertRecord | DuplicateCertificate | StoreError
-
-

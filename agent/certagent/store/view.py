@@ -24,6 +24,7 @@ from certagent.store.base import (
     Page,
     Reader,
     RingStore,
+    SnapshotSlot,
     Store,
     StoredCertificate,
     Writer,
@@ -124,3 +125,6 @@ class StoreView:
 
     def issuance(self) -> Issuance | None:
         return self._store.issuance()
+
+    def filter_snapshot(self) -> SnapshotSlot | None:
+        return self._store.filter_snapshot()

@@ -56,6 +56,8 @@ class AcmeProxy:
         return f"https://127.0.0.1:{self.port}/dir"
 
     def orders(self) -> int:
+        """newOrder requests seen, a retried one (badNonce, 429) counted again: for orders
+        the CA created, ask the CA (:meth:`Pebble.orders`)."""
         with self._lock:
             return len(self.new_orders)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -62,14 +63,41 @@ PORT_ATTEMPTS = 3
 
 
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now (never 80/443/6379)."""
-    for _ in range(20):
+    """A loopback TCP port nobody listens on right now (never 80/443/6379).
+
+    Chosen at random below the kernel's ephemeral range (``ip_local_port_range``), where
+    outgoing connections take their ports: a port the kernel hands out for ``bind(0)`` can
+    be taken by any process's next connection before the caller binds it (seen once: an
+    HAProxy frontend failing with "Address already in use" while other work ran).  A port
+    handed out once is not handed out again by this process.
+    """
+    low, high = _PORT_RANGE
+    for _ in range(200):
+        port = _random.randrange(low, high)
+        if port in _FORBIDDEN_PORTS or port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _FORBIDDEN_PORTS:
-            return port
-    raise StackError("no free loopback port")
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise StackError(f"no free loopback port in {low}-{high - 1}")
+
+
+def _port_range() -> tuple[int, int]:
+    """Ports below the ephemeral range: [10000, its start), or 10000-32767 if unreadable."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    return 10000, max(first, 20000)
+
+
+_PORT_RANGE = _port_range()
+_random = random.SystemRandom()
+_handed_out: set[int] = set()
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
@@ -320,9 +348,16 @@ class HAProxyProcess:
     """``haproxy -W -db -f CFG`` (master-worker); CFG must have an admin ``stats socket``."""
 
     def __init__(
-        self, cfg: Path, admin_socket: str, port: int, log_path: Path, address: str = "127.0.0.1"
+        self,
+        cfg: Path,
+        admin_socket: str,
+        port: int,
+        log_path: Path,
+        address: str = "127.0.0.1",
+        binary: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.binary = binary or HAPROXY  # which HAProxy to run (default: :data:`HAPROXY`)
         self.admin_socket = admin_socket
         self.port = port
         self.address = address
@@ -341,7 +376,7 @@ class HAProxyProcess:
         marked = os.environ.get("CERTAGENT_TEST_NO_HAPROXY")  # set by tests/conftest.py
         if marked:
             raise StackError(f"{marked} is marked no_haproxy (tests/conftest.py) but starts it")
-        self.proc = spawn([HAPROXY, "-W", "-db", "-f", str(self.cfg)], self.log_path)
+        self.proc = spawn([self.binary, "-W", "-db", "-f", str(self.cfg)], self.log_path)
         return self.wait_ready(timeout) if wait else None
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> int:

@@ -51,6 +51,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certagent import config
+from certagent.store.url import parse_store_url
 from certagent.testing import tlsclient
 from certagent.testing.processes import (
     SLOT_PREFIX,
@@ -81,6 +82,7 @@ class Stack:
     env: dict[str, str]
     log_dir: Path | None = None  # default: ``directory``
     address: str = "127.0.0.1"  # where fe_sni listens (a loopback address)
+    haproxy_binary: str | None = None  # default: :data:`HAPROXY`
     settings: config.Settings = field(init=False)
     default_der: bytes = field(init=False)  # the fallback certificate clients may get
     haproxy: HAProxyProcess = field(init=False)
@@ -101,6 +103,7 @@ class Stack:
             self.port,
             logs / "haproxy.log",
             self.address,
+            self.haproxy_binary,
         )
 
     @classmethod
@@ -119,14 +122,24 @@ class Stack:
         port: int | None = None,
         init_args: Sequence[str] = (),
         address: str = "127.0.0.1",
+        haproxy_binary: str | None = None,
     ) -> Stack:
         """``certagent init`` into ``directory`` (loopback, a free port); nothing started.
 
         ``run_dir`` (unix sockets) defaults to a fresh ``/tmp/ca-*`` that
-        :meth:`close` removes.  The agent gets a clean environment: PATH,
-        PYTHONPATH, ``CERTAGENT_KEY_FILE`` (if ``key_file``) and ``env``.
+        :meth:`close` removes; ``haproxy_binary`` (default :data:`HAPROXY`) is the HAProxy
+        it runs.  The agent gets a clean environment: PATH,
+        PYTHONPATH, ``CERTAGENT_KEY_FILE`` (if ``key_file``) and ``env``.  With a
+        Redis store, ``key_file`` is also the configuration's data key (``init
+        --data-key``), so ``certagent cert ... --config`` encrypts with the agent's key.
         """
         owns_run_dir = run_dir is None
+        if (
+            key_file is not None
+            and parse_store_url(store).kind == "redis"
+            and "--data-key" not in init_args
+        ):
+            init_args = [*init_args, "--data-key", str(key_file)]
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="ca-"))
         port = port or free_port()
         try:
@@ -158,7 +171,7 @@ class Stack:
         if key_file is not None:
             agent_env["CERTAGENT_KEY_FILE"] = str(key_file)
         agent_env.update(env or {})
-        stack = cls(directory, run_dir, port, cafile, agent_env, log_dir, address)
+        stack = cls(directory, run_dir, port, cafile, agent_env, log_dir, address, haproxy_binary)
         stack._owns_run_dir = owns_run_dir
         return stack
 
@@ -281,9 +294,17 @@ class Stack:
                 raise StackError(
                     f"agent exited with {proc.returncode}:\n{self.agent_log()[-3000:]}"
                 )
-            return not self.haproxy.running or self.status()["haproxy_pid"] is not None
+            status = self.status()
+            adopted = not self.haproxy.running or status["haproxy_pid"] is not None
+            # Until its name filter is ready the agent looks up at most 50 names a second
+            # (a storm right after start would get the fallback): wait for it too, unless
+            # the store is down (then it cannot be built).
+            filtered = status["name_filter"]["ready"] or not status["store_up"]
+            return adopted and filtered
 
-        wait_for(synced, timeout, "the agent to answer and adopt HAProxy's state")
+        wait_for(
+            synced, timeout, "the agent to answer, adopt HAProxy's state and have its name filter"
+        )
 
     def stop_agent(self) -> int | None:
         """SIGTERM the agent by PID (SIGKILL after a bound); return its exit code."""
@@ -411,12 +432,12 @@ class Prober:
             next_at += self.interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
-    def wait_first(self, timeout: float = 5.0) -> None:
-        """Wait for the first verified handshake (the host's one load)."""
+    def wait_first(self, timeout: float = 5.0, count: int = 1) -> None:
+        """Wait for the first ``count`` verified handshakes (the first one loads the host)."""
         deadline = time.monotonic() + timeout
-        while self.ok == 0 and time.monotonic() < deadline:
+        while self.ok < count and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert self.ok > 0, self.failures
+        assert self.ok >= count, (self.ok, self.failures)
 
     def __enter__(self) -> Prober:
         self._thread.start()

@@ -147,7 +147,7 @@ def test_kid_swapped_in_token_fails(pem: bytes) -> None:
     ("token", "match"),
     [
         (b"", "not a token"),
-        (b"cak2:k1:AAAA", "not a token"),
+        (b"cak3:k1:AAAA", "not a token"),
         (b"-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n", "plaintext PEM"),
         (b"cak1:", "no valid key id"),
         (b"cak1:k1", "no valid key id"),
@@ -360,3 +360,16 @@ def test_generate_key_line_rejects_bad_kids(kid: str) -> None:
 def test_generated_keys_are_random() -> None:
     keys = {generate_key_line("k1") for _ in range(8)}
     assert len(keys) == 8
+
+
+def test_binary_tokens_round_trip_and_keep_their_form_when_reencrypted(ring: KeyRing) -> None:
+    token = encrypt(ring, b"secret", b"aad", binary=True)
+    assert token.startswith(b"cak2:k1:") and len(token) == len(b"cak2:k1:") + 12 + 6 + 16
+    assert decrypt(ring, token, b"aad") == b"secret"
+    assert token_kid(token) == "k1"
+    with pytest.raises(KeyDecryptError, match="cannot decrypt"):
+        decrypt(ring, token, b"other aad")
+    with pytest.raises(KeyDecryptError, match="truncated"):
+        decrypt(ring, token[:20], b"aad")
+    assert reencrypt(ring, token, b"aad").startswith(b"cak2:")
+    assert reencrypt(ring, encrypt(ring, b"s", b"aad"), b"aad").startswith(b"cak1:")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import ipaddress
@@ -10,7 +11,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from certagent.certs.pem import CertBundle, normalise_pem, parse_bundle, split_blocks
+from certagent.certs.pem import (
+    CertBundle,
+    der_to_pem,
+    normalise_pem,
+    parse_bundle,
+    parse_der_bundle,
+    split_blocks,
+)
 from certagent.errors import (
     CaLeaf,
     CertificateError,
@@ -409,6 +417,78 @@ def test_pem_round_trips_through_parse(ca: CA) -> None:
     bundle = parse_bundle(*issue(ca, "a.example.test", "*.example.test"))
     again = parse_bundle(bundle.pem)
     assert again == bundle
-    assert serialization.load_pem_private_key(
-        split_blocks(bundle.pem)[-1][1], password=None
-    ).public_key() == x509.load_pem_x509_certificate(bundle.pem).public_key()
+    assert (
+        serialization.load_pem_private_key(
+            split_blocks(bundle.pem)[-1][1], password=None
+        ).public_key()
+        == x509.load_pem_x509_certificate(bundle.pem).public_key()
+    )
+
+
+# --- parse_der_bundle (a compact store record's leaf and key, as DER) ---------------------
+
+
+def _der_parts(chain: bytes, key: bytes) -> tuple[bytes, str, bytes, bytes]:
+    """``(leaf DER, key label, key DER, the rest of the chain as PEM)``."""
+    blocks = split_blocks(chain)
+    (label, key_block), *_ = split_blocks(key)
+    return (
+        x509.load_pem_x509_certificate(blocks[0][1]).public_bytes(serialization.Encoding.DER),
+        label,
+        _pem_body(key_block),
+        b"".join(text for _, text in blocks[1:]),
+    )
+
+
+def _pem_body(block: bytes) -> bytes:
+    return base64.b64decode(b"".join(block.splitlines()[1:-1]))
+
+
+@pytest.mark.parametrize(
+    ("key_type", "fmt"),
+    [("ec", "pkcs8"), ("ec", "traditional"), ("ec384", "pkcs8"), ("rsa", "pkcs8"),
+     ("rsa", "traditional")],
+)  # fmt: skip
+def test_der_bundle_is_the_pem_bundle(ca: CA, key_type: KeyType, fmt: KeyFormat) -> None:
+    chain, key = issue(ca, "a.example.test", "*.b.example.test", key_type=key_type, key_format=fmt)
+    leaf, label, key_der, rest = _der_parts(chain, key)
+    assert parse_der_bundle(leaf, label, key_der, rest) == parse_bundle(
+        chain, key, rsa_key_check="match"
+    )
+    assert parse_der_bundle(leaf, label, key_der, rest, rsa_key_check="sign") == parse_bundle(
+        chain, key
+    )
+
+
+def test_der_bundle_of_a_leaf_alone(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    leaf, label, key_der, _ = _der_parts(chain, key)
+    leaf_pem = split_blocks(chain)[0][1]
+    assert parse_der_bundle(leaf, label, key_der) == parse_bundle(leaf_pem, key)
+
+
+def test_der_bundle_refuses_what_the_pem_bundle_refuses(ca: CA) -> None:
+    chain, key = issue(ca, "a.example.test")
+    leaf, label, key_der, rest = _der_parts(chain, key)
+    other = _pem_body(key_pem(make_key()))
+    with pytest.raises(KeyMismatch):
+        parse_der_bundle(leaf, label, other, rest)
+    with pytest.raises(PemError, match="certificate #1"):
+        parse_der_bundle(leaf[:-5], label, key_der, rest)
+    with pytest.raises(PemError, match="private key cannot be parsed"):
+        parse_der_bundle(leaf, label, key_der[:-5], rest)
+    with pytest.raises(PemError, match="not a private key label"):
+        parse_der_bundle(leaf, "CERTIFICATE", key_der, rest)
+    ca_der = ca.cert.public_bytes(serialization.Encoding.DER)
+    with pytest.raises(CaLeaf):
+        parse_der_bundle(ca_der, "PRIVATE KEY", _pem_body(key_pem(ca.key)))
+    no_names, no_names_key = issue(ca, common_name="not a name", san=False)
+    leaf, label, key_der, rest = _der_parts(no_names, no_names_key)
+    with pytest.raises(NoNames):
+        parse_der_bundle(leaf, label, key_der, rest)
+
+
+def test_der_to_pem_is_the_normalised_block(ca: CA) -> None:
+    chain, _ = issue(ca, "a.example.test")
+    block = split_blocks(chain)[0][1]
+    assert der_to_pem("CERTIFICATE", _pem_body(block)) == block

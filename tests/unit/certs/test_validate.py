@@ -11,7 +11,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from certagent import errors
-from certagent.certs.pem import normalise_pem, parse_bundle, split_blocks
+from certagent.certs.bulkcheck import UploadChecker
+from certagent.certs.pem import CertBundle, RsaKeyCheck, normalise_pem, parse_bundle, split_blocks
 from certagent.certs.validate import UPLOAD_CODES, UPLOAD_ERRORS, UploadPolicy, validate_upload
 from certagent.errors import (
     BundleTooLarge,
@@ -74,8 +75,37 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+#: Checkers kept for the whole module: their caches see every test's chain certificates.
+CHECKERS: dict[tuple[UploadPolicy, str], UploadChecker] = {}
+
+
+def validated(
+    chain: bytes,
+    key: bytes | None,
+    *,
+    now: dt.datetime,
+    policy: UploadPolicy,
+    rsa_key_check: RsaKeyCheck = "openssl",
+) -> CertBundle:
+    """validate_upload, and the import's UploadChecker, which must answer exactly the same."""
+    checker = CHECKERS.setdefault(
+        (policy, rsa_key_check), UploadChecker(policy, rsa_key_check=rsa_key_check)
+    )
+    try:
+        expected = validate_upload(
+            chain, key, now=now, policy=policy, rsa_key_check=rsa_key_check
+        )
+    except (CertificateError, ValueError) as exc:
+        with pytest.raises(type(exc)) as info:
+            checker.validate(chain, key, now=now)
+        assert str(info.value) == str(exc)
+        raise
+    assert checker.validate(chain, key, now=now) == expected
+    return expected
+
+
 def check(upload: Upload, policy: UploadPolicy = POLICY, at: dt.datetime | None = None) -> None:
-    validate_upload(upload[0], upload[1], now=at or now(), policy=policy)
+    validated(upload[0], upload[1], now=at or now(), policy=policy)
 
 
 def refuse(
@@ -127,7 +157,7 @@ def cert_chain(*certs: x509.Certificate) -> bytes:
 
 def test_valid_upload_returns_the_bundle(ca: CA) -> None:
     chain, key = issue(ca, "a.example.test", "*.a.example.test")
-    bundle = validate_upload(chain, key, now=now(), policy=POLICY)
+    bundle = validated(chain, key, now=now(), policy=POLICY)
     assert bundle == parse_bundle(chain, key)
     assert bundle.names == ("a.example.test", "*.a.example.test")
     assert bundle.key_type == "ECDSA-P256"
@@ -146,14 +176,14 @@ def test_accepted_key_types(
     ca: CA, key_type: KeyType, key_format: KeyFormat, expected: str
 ) -> None:
     chain, key = issue(ca, "a.example.test", key=shared_key(key_type), key_format=key_format)
-    assert validate_upload(chain, key, now=now(), policy=POLICY).key_type == expected
+    assert validated(chain, key, now=now(), policy=POLICY).key_type == expected
 
 
 def test_combined_pem_without_separate_key(ca: CA) -> None:
     chain, key = issue(ca, "a.example.test")
     expected = parse_bundle(chain, key)
-    assert validate_upload(chain + key, None, now=now(), policy=POLICY) == expected
-    assert validate_upload(key + chain, None, now=now(), policy=POLICY) == expected
+    assert validated(chain + key, None, now=now(), policy=POLICY) == expected
+    assert validated(key + chain, None, now=now(), policy=POLICY) == expected
 
 
 def test_crlf_and_blank_lines_are_normalised(ca: CA) -> None:
@@ -161,7 +191,7 @@ def test_crlf_and_blank_lines_are_normalised(ca: CA) -> None:
     # Blank lines between blocks and inside the base64 bodies, CRLF everywhere.
     messy_chain = b"\r\n\r\n" + chain.replace(b"\n", b"\r\n\r\n")
     messy_key = key.replace(b"\n", b"\r\n \r\n")
-    bundle = validate_upload(messy_chain, messy_key, now=now(), policy=POLICY)
+    bundle = validated(messy_chain, messy_key, now=now(), policy=POLICY)
     assert bundle == parse_bundle(chain, key)
     assert b"\r" not in bundle.pem
     assert b"\n\n" not in bundle.pem
@@ -171,7 +201,7 @@ def test_crlf_and_blank_lines_are_normalised(ca: CA) -> None:
 def test_crlf_combined_pem(ca: CA) -> None:
     chain, key = issue(ca, "a.example.test")
     combined = (chain + b"\n" + key).replace(b"\n", b"\r\n")
-    assert validate_upload(combined, None, now=now(), policy=POLICY) == parse_bundle(chain, key)
+    assert validated(combined, None, now=now(), policy=POLICY) == parse_bundle(chain, key)
 
 
 def test_leaf_issued_by_a_root_without_intermediates() -> None:
@@ -204,7 +234,7 @@ def test_policy_can_allow_p521(ca: CA) -> None:
     leaf_key = make_odd_key("p521")
     cert = issue_odd(ca, "a.example.test", key=leaf_key)
     combined = cert_pem(cert) + ca.chain_pem + any_key_pem(leaf_key)
-    bundle = validate_upload(
+    bundle = validated(
         combined, None, now=now(), policy=UploadPolicy(allowed_curves=("P-256", "P-384", "P-521"))
     )
     assert bundle.key_type == "ECDSA-P521"
@@ -432,7 +462,7 @@ def test_unclosed_key_block_names_only_the_label(ca: CA) -> None:
     chain, key = issue(ca, "a.example.test")
     truncated = key.rsplit(b"-----END", 1)[0]
     with pytest.raises(PemError) as info:
-        validate_upload(chain + truncated, None, now=now(), policy=POLICY)
+        validated(chain + truncated, None, now=now(), policy=POLICY)
     assert "PRIVATE KEY block has no END line" in str(info.value)
     assert_no_key_material(info.value, (chain + truncated, None), label_ok=True)
 
@@ -530,7 +560,7 @@ def test_no_san_and_no_cn(ca: CA) -> None:
 
 
 def test_cn_only_certificate_is_accepted(ca: CA) -> None:
-    bundle = validate_upload(
+    bundle = validated(
         *issue(ca, common_name="cn-only.example.test", san=False), now=now(), policy=POLICY
     )
     assert bundle.names == ("cn-only.example.test",)
@@ -583,7 +613,7 @@ def test_not_yet_valid(ca: CA) -> None:
 def test_naive_now_is_a_programming_error(ca: CA) -> None:
     chain, key = issue(ca, "a.example.test")
     with pytest.raises(ValueError, match="timezone-aware"):
-        validate_upload(chain, key, now=dt.datetime(2030, 1, 1), policy=POLICY)
+        validated(chain, key, now=dt.datetime(2030, 1, 1), policy=POLICY)
 
 
 def test_only_the_leaf_dates_are_checked(ca: CA) -> None:
@@ -750,7 +780,7 @@ def test_signing_rsa_check_refuses_every_case_alike(ca: CA, code: str) -> None:
     error, build = CASES[code]
     upload = build(ca)
     with pytest.raises(CertificateError) as info:
-        validate_upload(upload[0], upload[1], now=now(), policy=POLICY, rsa_key_check="sign")
+        validated(upload[0], upload[1], now=now(), policy=POLICY, rsa_key_check="sign")
     assert type(info.value) is error
     assert_no_key_material(info.value, upload)
 
@@ -758,8 +788,8 @@ def test_signing_rsa_check_refuses_every_case_alike(ca: CA, code: str) -> None:
 @pytest.mark.parametrize("key_type", ["ec", "ec384", "rsa", "rsa3072"])
 def test_signing_rsa_check_gives_the_same_bundle(ca: CA, key_type: KeyType) -> None:
     chain, key = issue(ca, "a.example.test", key=shared_key(key_type))
-    full = validate_upload(chain, key, now=now(), policy=POLICY)
-    signed = validate_upload(chain, key, now=now(), policy=POLICY, rsa_key_check="sign")
+    full = validated(chain, key, now=now(), policy=POLICY)
+    signed = validated(chain, key, now=now(), policy=POLICY, rsa_key_check="sign")
     assert signed == full
     assert signed.pem == full.pem
 
@@ -790,7 +820,7 @@ def test_rsa_key_that_cannot_sign_is_refused(ca: CA, check_kind: str) -> None:
     chain, _ = issue(ca, "a.example.test", key=shared_key("rsa"))
     upload = (chain, _broken_rsa_key())
     with pytest.raises(PemError) as info:
-        validate_upload(
+        validated(
             *upload,
             now=now(),
             policy=POLICY,

@@ -7,13 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from certagent.certs.keycrypt import KeyRing, decrypt, generate_key_line
+from certagent.certs.bulkcheck import UploadChecker
+from certagent.certs.keycrypt import KeyRing, generate_key_line
 from certagent.certs.validate import UploadPolicy
-from certagent.cli._import_work import MAX_FILE, BatchJob, ImportItem, prepare_batch, read_file
+from certagent.cli._import_work import (
+    MAX_FILE,
+    BatchJob,
+    ImportItem,
+    batch_files,
+    prepare_batch,
+    read_file,
+)
 from certagent.errors import CertificateError, ConfigError, Expired, PemError
-from certagent.store.base import PreparedRecord
-from certagent.store.redis import RecordEncoder
-from certagent.store.redis._records import fields_of
+from certagent.store.base import PreparedRecord, WireRecord
+from certagent.store.redis import AddCall, Keys, RecordEncoder
+from certagent.store.redis._addscript import ADD_SHA, script_args, script_keys
+from certagent.store.redis._packed import unpack
 from certagent.testing.certs import CA, combined, issue, make_ca, shared_key
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -69,13 +78,14 @@ def test_prepare_batch_gives_a_record_or_the_error_for_each_file(ca: CA, tmp_pat
         ImportItem("missing.pem", tmp_path / "missing.pem", None),
         ImportItem("l", lineage / "fullchain.pem", lineage / "privkey.pem"),
     )
-    out = prepare_batch(BatchJob(items, UploadPolicy(), RecordEncoder(ring), NOW, NOW))
+    job = BatchJob(batch_files(items), UploadPolicy(), RecordEncoder(ring), NOW, NOW)
+    out = prepare_batch(job)
     first, second, third, fourth, fifth = out
     assert isinstance(first, PreparedRecord)
     assert first.record.names == ("good.example.test",)
     assert first.record.updated_at == NOW
-    fields = fields_of(first)
-    assert decrypt(ring, fields[b"key"], first.record.id.encode()) == key_part(good.read_bytes())
+    key = unpack(first.payload).key_pem(ring, first.record.id)
+    assert key == key_part(good.read_bytes())
     assert b"PRIVATE KEY" not in first.payload
     assert isinstance(second, PemError)
     assert isinstance(third, Expired)
@@ -86,3 +96,51 @@ def test_prepare_batch_gives_a_record_or_the_error_for_each_file(ca: CA, tmp_pat
 
 def key_part(pem: bytes) -> bytes:
     return pem[pem.index(b"-----BEGIN PRIVATE KEY") :]
+
+
+def test_packed_records_are_the_calls_redis_py_would_send(tmp_path: Path) -> None:
+    ring = KeyRing.from_text(generate_key_line("k1"))
+    ca = make_ca("import work CA")
+    path = tmp_path / "good.pem"
+    path.write_bytes(combined(*issue(ca, "good.example.test", "alias.example.test")))
+    items = (ImportItem("good.pem", path, None), ImportItem("gone", tmp_path / "gone.pem", None))
+    call = AddCall(Keys("p:"), 1234)
+    packed = prepare_batch(
+        BatchJob(batch_files(items), UploadPolicy(), RecordEncoder(ring, call), NOW, NOW)
+    )
+    first, second = packed
+    assert isinstance(first, WireRecord)
+    assert isinstance(second, ConfigError)
+    # the same record prepared (same id, same nonce) gives the same call through redis-py's lists
+    plain = RecordEncoder(ring)
+    monkey = pytest.MonkeyPatch()
+    bundle = UploadChecker(UploadPolicy()).validate(path.read_bytes(), None, now=NOW)
+    monkey.setattr("secrets.token_hex", lambda n: first.id)
+    monkey.setattr("os.urandom", lambda n: b"\0" * n)
+    try:
+        again = RecordEncoder(ring, call).encode(bundle, NOW)
+        prepared = plain.prepare(bundle, NOW)
+    finally:
+        monkey.undo()
+    assert isinstance(again, WireRecord)
+    keys = script_keys(Keys("p:"), prepared)
+    args = script_args(prepared, 1234)
+    expected = ["EVALSHA", ADD_SHA, str(len(keys)), *keys, *args]
+    assert _resp_args(again.command) == [a.encode() if isinstance(a, str) else a for a in expected]
+    assert first.fingerprint_sha256 == prepared.record.fingerprint_sha256
+    assert "command" not in repr(first)
+
+
+def _resp_args(raw: bytes) -> list[bytes]:
+    """The arguments of one RESP array of bulk strings."""
+    assert raw.startswith(b"*")
+    head, _, rest = raw.partition(b"\r\n")
+    out = []
+    for _ in range(int(head[1:])):
+        size, _, rest = rest.partition(b"\r\n")
+        assert size.startswith(b"$")
+        n = int(size[1:])
+        out.append(rest[:n])
+        rest = rest[n + 2 :]
+    assert rest == b""
+    return out

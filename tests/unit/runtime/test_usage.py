@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from certagent.runtime import protocol
-from certagent.runtime.pool import Slot, SlotPool
+from certagent.runtime.pool import ASKED_WINDOW_S, ASKS_KEPT, Slot, SlotPool
 from certagent.runtime.usage import HostUsage, VictimChooser, usage_from_entry, value
 
 PREFIX = "/certagent/slot-"
@@ -26,11 +26,55 @@ def test_usage_from_a_table_entry() -> None:
 
 def test_value_prefers_one_off_hosts_then_the_longest_idle() -> None:
     s = Slot("/certagent/slot-00001.pem", "F", "id", {"a.test", "b.test"}, loaded_at=5.0)
-    assert value(s, {}) == (False, 5.0)  # nothing in the table: its load time counts
-    assert value(s, {"a.test": HostUsage(9.0, 0)}) == (False, 9.0)
+    assert value(s, {}) == (False, False, 5.0)  # nothing in the table: its load time counts
+    assert value(s, {"a.test": HostUsage(9.0, 0)}) == (False, False, 9.0)
     # the first connection is the client that had it loaded: only a second one protects
-    assert value(s, {"a.test": HostUsage(9.0, 1)}) == (False, 9.0)
-    assert value(s, {"a.test": HostUsage(9.0, 0), "b.test": HostUsage(7.0, 2)}) == (True, 9.0)
+    assert value(s, {"a.test": HostUsage(9.0, 1)}) == (False, False, 9.0)
+    both = {"a.test": HostUsage(9.0, 0), "b.test": HostUsage(7.0, 2)}
+    assert value(s, both) == (False, True, 9.0)
+
+
+def test_a_slot_whose_answered_clients_had_not_all_arrived_at_the_read_is_awaited() -> None:
+    pool = SlotPool(4, PREFIX)
+    s = Slot(pool.slot_name(1), "F", "id", {"a.test"}, loaded_at=5.0)
+    pool.place(s)
+    pool.mark_host("a.test", [s], at=5.0)
+    pool.note_asked("a.test", 10.0)
+    pool.note_asked("a.test", 10.001)  # a coalesced second client
+    pool.note_asked("unmarked.test", 10.001)  # no slot: nothing to note
+    one = {"a.test": HostUsage(10.0, 1)}  # only the first had connected at the read
+    assert value(s, one, read_at=10.01) == (True, False, 10.0)
+    assert value(s, {"a.test": HostUsage(10.0, 2)}, read_at=10.01)[0] is False  # both had
+    assert value(s, one, read_at=10.001 + ASKED_WINDOW_S + 0.1)[0] is False  # gave up on it
+    assert value(s, one)[0] is False  # no read time: nothing is awaited
+    # answered after the read: not known to be late (the latest loads are spared instead)
+    assert value(s, {}, read_at=9.0)[0] is False
+    # one asker alone never makes a slot awaited (its client may never connect)
+    assert value(s, {}, read_at=10.0005)[0] is False
+    assert value(s, {}, read_at=10.002)[0] is True
+    # asks older than the window are dropped as new ones come; at most ASKS_KEPT kept
+    for n in range(20):
+        s.note_asked(100.0 + n / 1000)
+    assert s.asks[0] > 10.001 and len(s.asks) == ASKS_KEPT
+
+
+def test_an_awaited_slot_goes_after_every_protected_one() -> None:
+    pool = pool_of(3)
+    awaited = pool.get(pool.slot_name(3))
+    assert awaited is not None
+    awaited.note_asked(50.0)
+    awaited.note_asked(50.0)
+    usage = {
+        "h1.test": HostUsage(40.0, 9),  # in steady use, idle 10 s
+        "h2.test": HostUsage(45.0, 2),
+        "h3.test": HostUsage(50.0, 1),  # just loaded, its second client on its way
+    }
+    chooser = VictimChooser(samples=8, rng=random.Random(1))
+    candidates = chooser.candidates(pool, 3)
+    ranked = [s.name for s in chooser.choose(candidates, 3, usage, read_at=50.01)]
+    assert ranked == [pool.slot_name(1), pool.slot_name(2), pool.slot_name(3)]
+    # without the pending client it would have gone first (used once, unprotected)
+    assert chooser.choose(candidates, 1, usage)[0].name == pool.slot_name(3)
 
 
 def test_a_host_in_steady_use_outlives_newer_one_off_hosts() -> None:

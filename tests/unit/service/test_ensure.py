@@ -290,3 +290,23 @@ async def test_an_expired_certificate_in_the_store_is_served_with_a_warning(
     assert loader.installs == ["a.example.test"]
     assert "certificate id-old, which expired on" in caplog.text
     assert "renew it, or delete it" in caplog.text
+
+
+async def test_until_the_name_filter_is_ready_lookups_are_bounded_at_the_unfiltered_rate(
+    stored: StoredCertificate,
+) -> None:
+    from certagent.service.flood import UNFILTERED_RATE
+    from certagent.service.namefilter import NameFilter
+
+    ensurer, store, loader, clock = make(stored)
+    ensurer.names = NameFilter()  # not built yet: it admits every name
+    flood = [f"n{i}.flood.test".encode() for i in range(300)]
+    outcomes = [await ensurer.ensure(n) for n in flood]
+    assert len(store.lookups) == int(UNFILTERED_RATE)
+    assert outcomes.count(Outcome.BUSY) == 300 - int(UNFILTERED_RATE)
+    clock.now += 1.0  # a second later: as many again, real hosts among them
+    assert await ensurer.ensure(b"a.example.test") == Outcome.OK
+    for n in flood[:200]:
+        await ensurer.ensure(n)
+    assert len(store.lookups) == 2 * int(UNFILTERED_RATE)
+    assert loader.installs == ["a.example.test"]

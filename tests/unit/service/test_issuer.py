@@ -8,6 +8,7 @@ can fail, be slow, or rate-limit.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +23,16 @@ from certagent.acme import (
     Problem,
     RateLimited,
 )
+from certagent.acme.csr import CertKeyType
 from certagent.service import issuer as issuer_module
 from certagent.service.acmeaccount import AccountKeeper, AccountSettings
+from certagent.service.budget import BudgetSettings, IssueBudget
 from certagent.service.issuer import (
+    Budget,
     FirstConnection,
     Issuer,
     IssuerSettings,
+    Outcome,
     backoff_delay,
     failure_reason,
 )
@@ -37,6 +42,8 @@ from certagent.testing.certs import issue, make_ca
 from tests.memstore import MemoryStore
 
 NAME = "shop.issuer.test"
+#: "now" for tests that move time: certificates the fake CA issues are valid then
+T = float(int(time.time()))
 
 
 @dataclass
@@ -44,6 +51,7 @@ class FakeCa:
     """Stands in for :func:`certagent.acme.obtain_certificate`."""
 
     orders: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # the key type of each order
     fail: list[BaseException] = field(default_factory=list)  # raised by the next orders
     delay: float = 0.0
     ca: Any = field(default_factory=make_ca)
@@ -54,6 +62,8 @@ class FakeCa:
         self, client: object, names: Sequence[str], solver: object, **kwargs: Any
     ) -> IssuedCertificate:
         self.orders.append(names[0])
+        key_type = kwargs.get("key_type", "ecdsa")
+        self.kinds.append(key_type)
         self.open_now += 1
         self.open_peak = max(self.open_peak, self.open_now)
         try:
@@ -61,8 +71,8 @@ class FakeCa:
                 await asyncio.sleep(self.delay)
             if self.fail:
                 raise self.fail.pop(0)
-            chain, key = issue(self.ca, *names)
-            return IssuedCertificate(tuple(names), "ecdsa", chain, key, "https://ca/order/1")
+            chain, key = issue(self.ca, *names, key_type="rsa" if key_type == "rsa" else "ec")
+            return IssuedCertificate(tuple(names), key_type, chain, key, "https://ca/order/1")
         finally:
             self.open_now -= 1
 
@@ -77,6 +87,9 @@ class NoClient:
     async def register(self, **kwargs: object) -> object:
         return type("Account", (), {"url": self.account_url})()
 
+    async def directory(self) -> object:
+        return type("Directory", (), {"renewal_info": None})()  # no ARI
+
     async def close(self) -> None:
         return None
 
@@ -89,6 +102,8 @@ def make_issuer(
     node: str = "node-1",
     allow: Callable[[str], bool] = lambda name: name.endswith(".issuer.test"),
     concurrency: int = 10,
+    key_types: tuple[CertKeyType, ...] = ("ecdsa",),
+    budget: Budget | None = None,
 ) -> Issuer:
     monkeypatch.setattr(issuer_module, "obtain_certificate", ca.obtain)
     issuance = store.issuance()
@@ -108,7 +123,14 @@ def make_issuer(
         accounts,
         solver,
         node,
-        IssuerSettings(concurrency=concurrency, order_timeout=5, backoff_min=10, backoff_max=80),
+        IssuerSettings(
+            key_types=key_types,
+            concurrency=concurrency,
+            order_timeout=5,
+            backoff_min=10,
+            backoff_max=80,
+        ),
+        budget=budget,
         rand=lambda: 0.0,
     )
 
@@ -179,7 +201,7 @@ async def test_two_nodes_one_order_the_other_waits_for_the_feed(
 
 
 async def test_a_failure_backs_the_name_off_for_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
+    clock = [T]
     store = MemoryStore(clock=lambda: clock[0])
     ca = FakeCa(fail=[CaUnavailable("connection refused"), CaUnavailable("connection refused")])
     first = make_issuer(store, ca, monkeypatch, node="node-1")
@@ -188,17 +210,17 @@ async def test_a_failure_backs_the_name_off_for_the_fleet(monkeypatch: pytest.Mo
     second._clock = lambda: clock[0]
     assert await first.first_connection(NAME, 1.0) == FirstConnection.PENDING
     state = await store.issuance().limits.name_state(NAME)
-    assert state is not None and state.failures == 1 and state.not_before == 1010.0
+    assert state is not None and state.failures == 1 and state.not_before == T + 10
     assert "ca-unavailable" in state.last_error
     # no new order before the backoff ends, from either node
     for node in (first, second):
         assert await node.first_connection(NAME, 0.2) == FirstConnection.PENDING
     assert len(ca.orders) == 1
-    clock[0] = 1011.0
+    clock[0] = T + 11
     assert await second.first_connection(NAME, 0.5) == FirstConnection.PENDING  # fails again
     state = await store.issuance().limits.name_state(NAME)
-    assert state is not None and state.failures == 2 and state.not_before == 1011.0 + 20
-    clock[0] = 1032.0
+    assert state is not None and state.failures == 2 and state.not_before == T + 11 + 20
+    clock[0] = T + 32
     assert await first.first_connection(NAME, 1.0) == FirstConnection.ISSUED
     assert len(ca.orders) == 3
     assert await store.issuance().limits.name_state(NAME) is None  # cleared by the success
@@ -208,7 +230,7 @@ async def test_a_failure_backs_the_name_off_for_the_fleet(monkeypatch: pytest.Mo
 
 
 async def test_a_429_pauses_the_whole_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [1000.0]
+    clock = [T]
     store = MemoryStore(clock=lambda: clock[0])
     limited = RateLimited(Problem("urn:ietf:params:acme:error:rateLimited", "slow down"),
                           "https://ca/new-order", retry_after=120)
@@ -216,11 +238,11 @@ async def test_a_429_pauses_the_whole_fleet(monkeypatch: pytest.MonkeyPatch) -> 
     issuer = make_issuer(store, ca, monkeypatch)
     issuer._clock = lambda: clock[0]
     assert await issuer.first_connection(NAME, 1.0) == FirstConnection.PENDING
-    assert await store.issuance().limits.paused_until() == 1120.0
+    assert await store.issuance().limits.paused_until() == T + 120
     other = "other.issuer.test"
     assert await issuer.first_connection(other, 0.2) == FirstConnection.PENDING
     assert ca.orders == [NAME]  # paused: nothing reached the CA
-    clock[0] = 1121.0
+    clock[0] = T + 121
     assert await issuer.first_connection(other, 1.0) == FirstConnection.ISSUED
     await issuer.close()
 
@@ -237,6 +259,126 @@ async def test_open_orders_stay_within_the_fleet_cap(monkeypatch: pytest.MonkeyP
     assert ca.open_peak <= 3
     for node in nodes:
         await node.close()
+
+
+# --- the budget and the order slots ------------------------------------------------------------
+
+
+def hourly_budget(store: MemoryStore, per_hour: int) -> IssueBudget:
+    """The fleet budget over the in-memory store, its clock still (one hourly window)."""
+    return IssueBudget(
+        store.issuance().renewals, BudgetSettings(rate_per_hour=per_hour), clock=lambda: T
+    )
+
+
+class SlotProbe:
+    """A budget that notes whether the order slot (fleet cap 1) is held when it is asked."""
+
+    def __init__(self, store: MemoryStore, wait: float, block: bool = False) -> None:
+        self.limits = store.issuance().limits
+        self.wait = wait
+        self.block = block
+        self.slot_held: list[bool] = []
+
+    async def take(self, name: str, *, renewal: bool) -> float:
+        probe = "probe.issuer.test"
+        got = await self.limits.take_order_slot(probe, 1, 60)
+        self.slot_held.append(not got)
+        if got:
+            await self.limits.free_order_slot(probe)
+        if self.block:
+            await asyncio.Event().wait()
+        return self.wait
+
+
+async def slot_free(store: MemoryStore) -> bool:
+    """True if another name gets the fleet's only order slot (and gives it back)."""
+    limits = store.issuance().limits
+    got = await limits.take_order_slot("other.issuer.test", 1, 60)
+    await limits.free_order_slot("other.issuer.test")
+    return got
+
+
+async def test_no_free_order_slot_spends_no_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, ca = MemoryStore(), FakeCa()
+    budget = hourly_budget(store, 1)
+    issuer = make_issuer(store, ca, monkeypatch, concurrency=1, budget=budget)
+    assert await store.issuance().limits.take_order_slot("busy.issuer.test", 1, 60)
+    lease = await store.issuance().locks.acquire(NAME, "node-1", 1.0)  # too short to wait
+    assert lease is not None
+    ordered = await issuer.order(NAME, lease, renewal=False)
+    assert (ordered.outcome, ordered.reason) == (Outcome.WAITING, "slots")
+    assert ca.orders == [] and budget.counters.taken == {}
+    assert await budget.take(NAME, renewal=False) == 0.0  # the unit is still there
+    await issuer.close()
+
+
+async def test_the_budget_is_asked_holding_the_slot_and_a_refusal_frees_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, ca = MemoryStore(), FakeCa()
+    budget = SlotProbe(store, wait=40.0)
+    issuer = make_issuer(store, ca, monkeypatch, concurrency=1, budget=budget)
+    lease = await store.issuance().locks.acquire(NAME, "node-1", issuer.settings.lease_seconds)
+    assert lease is not None
+    ordered = await issuer.order(NAME, lease, renewal=True)
+    assert (ordered.outcome, ordered.reason) == (Outcome.WAITING, "budget")
+    assert ordered.retry_at >= time.time() + 39
+    assert budget.slot_held == [True]
+    assert ca.orders == [] and issuer.counters.budget_waits == 1
+    assert await slot_free(store)
+    await issuer.close()
+
+
+async def test_a_cancelled_order_frees_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, ca = MemoryStore(), FakeCa()
+    budget = SlotProbe(store, wait=0.0, block=True)
+    issuer = make_issuer(store, ca, monkeypatch, concurrency=1, budget=budget)
+    lease = await store.issuance().locks.acquire(NAME, "node-1", issuer.settings.lease_seconds)
+    assert lease is not None
+    task = asyncio.create_task(issuer.order(NAME, lease, renewal=False))
+    async with asyncio.timeout(5):
+        while not budget.slot_held:
+            await asyncio.sleep(0.01)
+    assert not await slot_free(store)  # held while the budget is asked
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await slot_free(store)
+    await issuer.close()
+
+
+async def test_both_key_types_spend_one_budget_unit_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, ca = MemoryStore(), FakeCa()
+    budget = hourly_budget(store, 2)
+    issuer = make_issuer(store, ca, monkeypatch, key_types=("ecdsa", "rsa"), budget=budget)
+    lease = await store.issuance().locks.acquire(NAME, "node-1", issuer.settings.lease_seconds)
+    assert lease is not None
+    assert (await issuer.order(NAME, lease, renewal=False)).outcome is Outcome.ISSUED
+    assert ca.kinds == ["ecdsa", "rsa"]
+    assert budget.counters.taken == {"new": 2}
+    assert await budget.take("other.issuer.test", renewal=False) > 0  # both units spent
+    await issuer.close()
+
+
+async def test_a_budget_refusal_between_key_types_keeps_the_first_and_retries_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, ca = MemoryStore(), FakeCa()
+    budget = hourly_budget(store, 1)
+    issuer = make_issuer(store, ca, monkeypatch, key_types=("ecdsa", "rsa"), budget=budget)
+    lease = await store.issuance().locks.acquire(NAME, "node-1", issuer.settings.lease_seconds)
+    assert lease is not None
+    ordered = await issuer.order(NAME, lease, renewal=False)
+    assert (ordered.outcome, ordered.reason) == (Outcome.WAITING, "budget")
+    assert "ecdsa issued" in ordered.detail
+    assert ca.kinds == ["ecdsa"]  # no RSA order without its budget unit
+    (stored,) = await store.lookup_all(NAME)  # the ECDSA certificate is served meanwhile
+    assert stored.bundle.key_type.startswith("ECDSA")
+    entry = await store.issuance().renewals.entry(NAME)  # the renewer orders again then
+    assert entry is not None and entry.renew_at == pytest.approx(ordered.retry_at, abs=1)
+    assert await slot_free(store)
+    await issuer.close()
 
 
 def test_backoff_doubles_to_the_maximum_with_jitter() -> None:

@@ -40,12 +40,12 @@ from certagent.store.issuing import (
 )
 from certagent.store.records import make_record
 from certagent.store.redis._layout import F_MANAGED, META_FIELDS, Keys
+from certagent.store.redis._packed import unpack
 from certagent.store.redis._records import (
     RecordEncoder,
     decode_change,
     decode_record,
     encode_record,
-    fields_of,
     meta_fields,
 )
 from certagent.store.view import StoreView
@@ -221,8 +221,9 @@ def test_managed_round_trips_and_is_absent_for_uploads(ca: CA) -> None:
     old = meta_fields(row(encode_record(ring, upload, bundle)))  # type: ignore[arg-type]
     assert old is not None and decode_record("r1", old).managed == ""
     prepared = RecordEncoder(ring).prepare(bundle, now, managed="acme")
-    assert prepared.record.managed == "acme" and fields_of(prepared)[b"managed"] == b"acme"
-    assert F_MANAGED.encode() not in fields_of(RecordEncoder(ring).prepare(bundle, now))
+    assert prepared.record.managed == "acme"
+    assert unpack(prepared.payload).meta()[F_MANAGED] == b"acme"
+    assert unpack(RecordEncoder(ring).prepare(bundle, now).payload).meta()[F_MANAGED] is None
     with pytest.raises(ValueError, match="managed"):
         encode_record(
             ring, make_record("r3", bundle, version=1, updated_at=now, managed="A B"), bundle

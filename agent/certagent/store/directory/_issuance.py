@@ -1,10 +1,11 @@
 """The directory store's issuance roles: one node's, nothing shared (``Issuance.shared`` False).
 
-What must survive a restart is on disk, in ``<root>/.certagent/`` (:mod:`._state`):
-the ACME account (its key a PEM file, mode 0600, like the certificates' keys)
-and the registered names.  Leases, challenges, acknowledgements, heartbeats and
-limits are this agent's memory (:mod:`certagent.store.localissuance`): the node
-is alone, and an order in flight when it restarts is simply placed again.
+What must survive a restart is on disk, in ``<root>/.certagent/`` (:mod:`._state`): the
+ACME account (its key a PEM file, mode 0600, like the certificates' keys), the
+registered names and the renewal schedule (:mod:`._renewals`). Leases, challenges,
+acknowledgements, heartbeats and limits are this agent's memory
+(:mod:`certagent.store.localissuance`): the node is alone, and an order in flight when
+it restarts is simply placed again.
 
 Challenges published or withdrawn and names registered or forgotten are
 ``challenge`` and ``domain`` changes in the store's change feed, for the agent
@@ -34,6 +35,7 @@ from certagent.store.localissuance import (
     LocalLimits,
     LocalLocks,
 )
+from certagent.store.localrenewals import LocalRenewals
 from certagent.store.values import Change
 
 __all__ = ["DirAccounts", "DirDomains", "directory_issuance"]
@@ -123,14 +125,21 @@ class DirDomains(_OnDisk):
 
 
 def directory_issuance(
-    root: Path, uri: str, run: Run, add: Adder, emit: Emit, clock: Clock = time.time
+    root: Path,
+    uri: str,
+    run: Run,
+    add: Adder,
+    emit: Emit,
+    renewals: LocalRenewals,
+    clock: Clock = time.time,
 ) -> Issuance:
     """The issuance roles of one directory store (no I/O until used)."""
     return Issuance(
         accounts=DirAccounts(root, uri, run, clock),
-        locks=LocalLocks(add, clock),
+        locks=LocalLocks(add, clock, renewals),
         challenges=LocalBoard(emit, clock),
         domains=DirDomains(root, uri, run, emit, clock),
         limits=LocalLimits(clock),
+        renewals=renewals,
         shared=False,
     )

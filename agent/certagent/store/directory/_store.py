@@ -67,6 +67,7 @@ from certagent.store.directory._files import ocsp_path
 from certagent.store.directory._index import FULLCHAIN, LIVE, PRIVKEY, file_stem
 from certagent.store.directory._issuance import directory_issuance
 from certagent.store.directory._records import Records, spellings
+from certagent.store.directory._renewals import DirRenewals
 from certagent.store.directory._scan import alias_target
 from certagent.store.directory._threads import DaemonExecutor
 from certagent.store.directory._tickets import LocalRing
@@ -147,8 +148,9 @@ class DirectoryStore:
         self._records = Records(root, self._uri)
         self._pool: DaemonExecutor | None = None
         self._watcher: DirWatcher | None = None
+        self._renewals = DirRenewals(self._records, self._uri, self._run_state)
         self._issuance = directory_issuance(
-            root, self._uri, self._run_state, self._add_managed, self._publish
+            root, self._uri, self._run_state, self._add_managed, self._publish, self._renewals
         )
 
     @property
@@ -168,6 +170,14 @@ class DirectoryStore:
 
     def bulk(self) -> None:
         """None: records are added one by one."""
+        return None
+
+    def filter_snapshot(self) -> None:
+        """None: positions in this store's change feed do not outlive the process.
+
+        A snapshot could not be brought up to date at the next start, and the
+        store scans its root at start anyway (the SAN index).
+        """
         return None
 
     def issuance(self) -> Issuance:
@@ -550,6 +560,7 @@ class DirectoryStore:
         self._touch([cert_id, *removed])
         names = " ".join(record.names)
         log.info("deleted certificate %s for %s from %s", cert_id, names, self._uri)
+        await self._renewals.unschedule_orphans(record.names)
         return record
 
     # --- change feed -----------------------------------------------------------------

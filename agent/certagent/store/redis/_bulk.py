@@ -9,11 +9,14 @@ store's writer, many at a time:
   :data:`~certagent.store.redis._single.ADD_SCRIPT` once per record, ``EVALSHA``
   pipelined ``len(records)`` at a time, so a batch costs one round trip.  One
   script run adds one record exactly as :meth:`RedisStore.add
-  <certagent.store.redis.RedisStore.add>` does in its MULTI/EXEC: the hash, the
+  <certagent.store.redis.RedisStore.add>` does in its MULTI/EXEC: the chain, the record, the
   fingerprint index, the name sets, both sorted sets and the ``put`` event, or
   nothing at all if the leaf is already stored (the ``fp:`` key).  Redis runs a
   script alone, so no reader sees part of a record, and duplicates inside one
-  batch are found like any others: the scripts run in pipeline order.  A
+  batch are found like any others: the scripts run in pipeline order.  For
+  the import, the worker processes pack each record's ``EVALSHA`` whole
+  (:class:`~certagent.store.redis._addscript.AddCall`, hiredis) and
+  :meth:`BulkAdds.add_wire` sends the bytes as they are.  A
   script's writes are not rolled back when one of its commands fails, so the
   script checks the type of every key it will write before writing any.  A
   user who may not run scripts (``NOPERM``) gets the same writes as
@@ -35,10 +38,18 @@ from datetime import datetime
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.pem import CertBundle
 from certagent.errors import StoreError
-from certagent.store.base import AddResult, BulkResult, IdTaken, PreparedRecord
+from certagent.store.base import (
+    AddAlone,
+    AddResult,
+    BulkResult,
+    IdTaken,
+    PreparedRecord,
+    WireRecord,
+    WireResult,
+)
 from certagent.store.redis._connection import redis_errors
 from certagent.store.redis._records import RecordEncoder
-from certagent.store.redis._writer import ATTEMPTS, RecordWriter, Stored, duplicate
+from certagent.store.redis._writer import ATTEMPTS, RecordWriter, Stored, WireWriter, duplicate
 
 __all__ = ["BulkAdds"]
 
@@ -56,15 +67,22 @@ class BulkAdds:
         shown: str,
         ring_for: Callable[[str], KeyRing],
         now: Callable[[], datetime],
+        *,
+        wire: WireWriter | None = None,
     ) -> None:
         self._writer = writer
+        self._wire = wire
         self.shown = shown
         self._ring_for = ring_for
         self._now = now
 
     def encoder(self) -> RecordEncoder:
-        """Encodes new records for :meth:`add_prepared`; ConfigError without a key file."""
-        return RecordEncoder(self._ring_for("store certificates"))
+        """Encodes new records for :meth:`add_prepared` (and, one Redis, :meth:`add_wire`).
+
+        ConfigError without a key file.
+        """
+        call = self._wire.add_call() if self._wire is not None else None
+        return RecordEncoder(self._ring_for("store certificates"), call)
 
     async def add_many(self, bundles: Sequence[CertBundle]) -> list[AddResult]:
         """Add new records (validated by the caller) in one round trip.
@@ -76,7 +94,7 @@ class BulkAdds:
         Redis cannot be reached: records of this call may then be stored or
         not, each entirely or not at all.  An id found taken is drawn again.
         """
-        encoder = self.encoder()
+        encoder = RecordEncoder(self._ring_for("store certificates"))
         results: list[BulkResult] = list(
             await self.add_prepared([encoder.prepare(bundle, self._now()) for bundle in bundles])
         )
@@ -106,3 +124,23 @@ class BulkAdds:
             else outcome
             for prepared, outcome in zip(records, outcomes, strict=True)
         ]
+
+    async def add_wire(self, records: Sequence[WireRecord]) -> list[WireResult]:
+        """:meth:`add_prepared` for :meth:`RecordEncoder.encode`'s packed records.
+
+        AddAlone: add that one with ``RedisStore.add`` (this writer cannot send it).
+        """
+        if self._wire is None:
+            return [AddAlone(r, "this store takes no packed writes") for r in records]
+        with redis_errors(self.shown, "add"):
+            outcomes = await self._wire.add_wire(records)
+        return [
+            _wire_duplicate(record, outcome.owner) if isinstance(outcome, Stored) else outcome
+            for record, outcome in zip(records, outcomes, strict=True)
+        ]
+
+
+def _wire_duplicate(record: WireRecord, owner: str) -> WireResult:
+    if owner == record.id:  # the same write arrived twice: it is ours
+        return record
+    return duplicate(record.fingerprint_sha256, owner)

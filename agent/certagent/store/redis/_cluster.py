@@ -7,19 +7,22 @@ Each write is a sequence of steps, each step atomic on one slot (one command,
 a one-key Lua script, or MULTI/EXEC on the ``{global}`` slot), ordered so that
 a reader never finds a name pointing at a missing or half-written record:
 
-* **add**: the record's hash (written whole by one script, only if the id is
-  free) -> claim ``fp:`` (compare-and-set; a loser deletes its hash and reports
+* **add**: the shared chain (``chain:{sha256}``, its own slot) -> the record
+  (written whole by one script, only if the id is
+  free) -> claim ``fp:`` (compare-and-set; a loser deletes its record and reports
   the duplicate) -> the name sets -> ``ids`` + ``expiry`` + the ``put`` event
   (one MULTI on ``{global}``: the commit point); a **fenced add** (``add_issued``)
   commits with :data:`FENCED_COMMIT` instead, one script on ``{global}`` that
   checks the issuance lease (also on ``{global}``) first;
-* **replace**: claim the new ``fp:`` -> the hash replaced whole by one script,
-  only if its ``version`` is still the one read (optimistic locking, as WATCH
-  does on one Redis), which also keeps the names it drops in ``names_dropped``
-  -> add the new names -> remove the dropped ones -> release the old ``fp:``
-  -> ``expiry`` + the ``put`` event -> forget ``names_dropped``;
+* **replace**: claim the new ``fp:`` and write the chain -> the record replaced
+  whole by :data:`~._rows.SWAP` (layout 2; a layout-1 hash becomes a string),
+  only if it is still the one read (optimistic locking, as WATCH does on one
+  Redis), which also keeps the names it drops in the record (``D``) -> add the
+  new names -> remove the dropped ones -> release the old ``fp:``
+  -> ``expiry`` + the ``put`` event -> forget the dropped names;
 * **delete**: release ``fp:`` -> remove the names -> ``ids`` + ``expiry`` + the
-  ``delete`` event -> the hash last.
+  ``delete`` event -> drop the renewal entries of the names left without a
+  record (:mod:`._renewals`) -> the record last.
 
 Replace, delete and the completion of an unfinished add hold the record's
 write lock (``lock:{id}``, SET NX PX 10 s, in the record's slot): the writers of
@@ -29,7 +32,7 @@ Every step is idempotent, so a retry after a crash midway converges: an add
 retried finds its leaf in ``fp:`` with a record that is not in ``ids`` yet
 and completes it (names, commit); a replace or delete retried re-reads the
 record, ``names_dropped`` included, and does every step again.  A crash
-between an add's first two steps leaves a hash nothing points to (invisible:
+between an add's first two steps leaves a record nothing points to (invisible:
 no name, not in ``ids``).  Readers may meanwhile see a record whose
 certificate does not cover a name being removed: it is checked, logged and
 not served, as any such record.
@@ -58,38 +61,37 @@ from certagent.certs.pem import CertBundle
 from certagent.errors import NotFound, StoreCorrupt, StoreError
 from certagent.store.base import CertRecord, IdTaken, PreparedRecord
 from certagent.store.records import make_record
+from certagent.store.redis._chains import chain_of
 from certagent.store.redis._layout import (
     F_CHAIN,
-    F_DROPPED,
     F_KEY,
     F_NAMES,
     F_NOT_AFTER,
     F_SHA256,
-    META_FIELDS,
     Keys,
     to_bytes,
     to_text,
     valid_id,
 )
+from certagent.store.redis._packed import chain_digest, is_packed, pack_record
 from certagent.store.redis._records import (
     EventKind,
     decode_record,
     decode_record_time,
     encode_event,
-    encode_record,
     expiry_score,
-    meta_fields,
-    pack,
     parse_names,
 )
+from certagent.store.redis._renewals import UNSCHEDULE
+from certagent.store.redis._rows import SWAP, Row, decode, fetch, read_one, state_of
 from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Fence, Stored, duplicate
+from certagent.store.renewing import format_time
 
 __all__ = [
     "CLAIM",
     "FENCED_COMMIT",
     "LOCK_SECONDS",
     "RELEASE",
-    "REPLACE",
     "SET_IF",
     "WRITE_NEW",
     "ClusterWriter",
@@ -101,26 +103,12 @@ log = logging.getLogger(__name__)
 LOCK_SECONDS = 10.0
 LOCK_WAIT = 3.0
 
-_SPLIT = """
-local function split(payload)
-  local fields, start = {}, 1
-  while true do
-    local stop = string.find(payload, '\\0', start, true)
-    if not stop then fields[#fields + 1] = string.sub(payload, start) return fields end
-    fields[#fields + 1] = string.sub(payload, start, stop - 1)
-    start = stop + 1
-  end
-end
-"""
-#: KEYS[1] a new record's hash; ARGV[1] its fields (NUL-joined).  1 written, 0 id taken.
-WRITE_NEW = (
-    _SPLIT
-    + """
+#: KEYS[1] a new record's key; ARGV[1] the record (layout 2).  1 written, 0 id taken.
+WRITE_NEW = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(split(ARGV[1])))
+redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
-)
 #: KEYS[1] a ``fp:`` key; ARGV[1] a stale owner that may be replaced ('' none), ARGV[2]
 #: the id claiming it.  1 claimed (free, stale or already ours), else the owner's id.
 CLAIM = """
@@ -137,24 +125,12 @@ RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-#: KEYS[1] a record; ARGV[1] its version as read, ARGV[2] the names it drops, ARGV[3] the
-#: new fields (NUL-joined).  1 replaced, 0 the version changed, -1 the record is gone.
-REPLACE = (
-    _SPLIT
-    + """
-local version = redis.call('HGET', KEYS[1], 'version')
-if not version then return -1 end
-if version ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(split(ARGV[3])))
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'names_dropped', ARGV[2]) end
-return 1
-"""
-)
 #: The commit point of a fenced add (``add_issued``), on ``{global}``.  KEYS[1] the lease,
-#: 2 ``ids``, 3 ``expiry``, 4 ``events``; ARGV[1] the lease's value expected, 2 the id, 3 the
-#: expiry score, 4 the stream's MAXLEN, 5 the event's names.  ``{1}`` committed, else
-#: ``{0, holder}`` (nothing written; holder absent when no node holds the lease).
+#: 2 ``ids``, 3 ``expiry``, 4 ``events``, [5 the renewal schedule, 6 its entries]; ARGV[1]
+#: the lease's value expected, 2 the id, 3 the expiry score, 4 the stream's MAXLEN, 5 the
+#: event's names, [6 the name to schedule, 7 its renew_at, 8 its member].  ``{1}``
+#: committed (and scheduled), else ``{0, holder}`` (nothing written; holder absent when no
+#: node holds the lease).
 FENCED_COMMIT = """
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] then return {0, holder} end
@@ -162,6 +138,12 @@ redis.call('ZADD', KEYS[2], 0, ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*',
   'kind', 'put', 'id', ARGV[2], 'names', ARGV[5])
+if KEYS[5] then
+  local old = redis.call('HGET', KEYS[6], ARGV[6])
+  if old and old ~= ARGV[8] then redis.call('ZREM', KEYS[5], old) end
+  redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
+  redis.call('HSET', KEYS[6], ARGV[6], ARGV[8])
+end
 return {1}
 """
 #: KEYS[1] a record; ARGV[1] field, ARGV[2] value expected, ARGV[3] field, ARGV[4] value.
@@ -200,7 +182,7 @@ class ClusterWriter:
         """An add whose commit (:data:`FENCED_COMMIT`) checks the lease in the same script.
 
         The steps of an add, the last one fenced.  If the lease is gone at the
-        commit, the name sets, the fingerprint and the hash are taken back
+        commit, the name sets, the fingerprint and the record are taken back
         (in that order) and the record was never in ``ids`` nor in the feed.
         The caller made the lease last the write out first
         (:data:`~certagent.store.issuing.HOLD_SECONDS`), so this happens only
@@ -211,10 +193,10 @@ class ClusterWriter:
         keys, record = self._keys, prepared.record
         fp, cert_key = keys.fingerprint(record.fingerprint_sha256), keys.cert(record.id)
         owner = to_text(await self._client.get(fp))
-        if owner:
-            sha = to_bytes(await self._client.hget(keys.cert(owner), F_SHA256))
-            if sha == record.fingerprint_sha256.encode("ascii"):
-                return Stored(owner)
+        if owner and await self._sha256_of(owner) == record.fingerprint_sha256:
+            return Stored(owner)
+        if prepared.shared:
+            await self._client.set(keys.chain(chain_digest(prepared.shared)), prepared.shared)
         if await self._client.eval(WRITE_NEW, 1, cert_key, prepared.payload) == 0:
             return IdTaken(prepared)
         claimed = await self._client.eval(CLAIM, 1, fp, owner, record.id)
@@ -223,18 +205,25 @@ class ClusterWriter:
             return Stored(to_text(claimed))
         names = list(dict.fromkeys(record.names))
         await self._run([("sadd", keys.name(n), record.id) for n in names])
+        schedule_keys: list[str] = []
+        schedule_args: list[str] = []
+        if fence.renew is not None:
+            schedule_keys = [keys.renewals(), keys.renewal_entries()]
+            schedule_args = [fence.renew.name, fence.renew.score, fence.renew.member]
         reply = await self._client.eval(
             FENCED_COMMIT,
-            4,
+            4 + len(schedule_keys),
             fence.key,
             keys.ids(),
             keys.expiry(),
             keys.events(),
+            *schedule_keys,
             fence.value,
             record.id,
             repr(prepared.expiry),
             str(self._maxlen),
             " ".join(names),
+            *schedule_args,
         )
         if isinstance(reply, list) and reply and reply[0] == 1:
             return record
@@ -253,28 +242,22 @@ class ClusterWriter:
             to_text(o) if to_bytes(o) else "" for o in await self._run([("get", k) for k in fps])
         ]
         held = [i for i, owner in enumerate(owners) if owner]
-        rows = await self._run(
-            [
-                cmd
-                for i in held
-                for cmd in (
-                    ("hmget", keys.cert(owners[i]), [F_SHA256, F_NAMES, F_NOT_AFTER]),
-                    ("zscore", keys.ids(), owners[i]),
-                )
-            ]
-        )
+        rows = await fetch(self._client, keys, [owners[i] for i in held])
+        scores = await self._run([("zscore", keys.ids(), owners[i]) for i in held])
         expected = {i: "" for i, owner in enumerate(owners) if not owner}
         unfinished: set[str] = set()
-        for n, i in enumerate(held):
-            row, score = rows[2 * n], rows[2 * n + 1]
-            fields = [to_bytes(v) for v in row] if isinstance(row, list) else [None] * 3
-            if fields[0] != records[i].record.fingerprint_sha256.encode("ascii"):
+        for i, reply, score in zip(held, rows, scores, strict=True):
+            if _sha256(reply) != records[i].record.fingerprint_sha256:
                 expected[i] = owners[i]  # a stale claim: take it over
                 continue
             out[i] = Stored(owners[i])
             if score is None:  # an add that did not finish (or is still running)
                 unfinished.add(owners[i])
         todo = sorted(expected)
+        chains = {chain_digest(records[i].shared): records[i].shared for i in todo}
+        await self._run(  # before any record naming them
+            [("set", keys.chain(digest), chain) for digest, chain in chains.items() if chain]
+        )
         written = await self._run(
             [("eval", WRITE_NEW, keys.cert(records[i].record.id), records[i].payload) for i in todo]
         )
@@ -328,15 +311,13 @@ class ClusterWriter:
         """Complete an add that stopped after claiming its leaf: names, then the commit."""
         keys = self._keys
         async with self._locked(cert_id):
-            row, score = await self._run(
-                [
-                    ("hmget", keys.cert(cert_id), [F_NAMES, F_NOT_AFTER]),
-                    ("zscore", keys.ids(), cert_id),
-                ]
-            )
-            names, not_after = (to_bytes(v) for v in row) if isinstance(row, list) else (None,) * 2
-            if score is not None or not_after is None:
+            (reply,) = await fetch(self._client, keys, [cert_id])
+            (score,) = await self._run([("zscore", keys.ids(), cert_id)])
+            row = _decoded(reply)
+            if score is not None or row is None or row.meta[F_NOT_AFTER] is None:
                 return  # finished meanwhile, or deleted
+            names, not_after = row.meta[F_NAMES], row.meta[F_NOT_AFTER]
+            assert not_after is not None
             found = parse_names(names)
             await self._run([("sadd", keys.name(name), cert_id) for name in found])
             await self._global(
@@ -385,12 +366,14 @@ class ClusterWriter:
         cert_key = keys.cert(cert_id)
         new_fp = keys.fingerprint(bundle.fingerprint_sha256)
         for _ in range(ATTEMPTS):
-            old, dropped_before = await self._read(cert_id)
+            old, dropped_before, state = await self._read(cert_id)
             owner = to_text(await self._client.get(new_fp))
-            if owner and owner != cert_id:
-                sha = to_bytes(await self._client.hget(keys.cert(owner), F_SHA256))
-                if sha == bundle.fingerprint_sha256.encode("ascii"):
-                    raise duplicate(bundle.fingerprint_sha256, owner, "delete that record first")
+            if (
+                owner
+                and owner != cert_id
+                and await self._sha256_of(owner) == bundle.fingerprint_sha256
+            ):
+                raise duplicate(bundle.fingerprint_sha256, owner, "delete that record first")
             claimed = await self._client.eval(CLAIM, 1, new_fp, owner, cert_id)
             if claimed != 1:
                 raise duplicate(bundle.fingerprint_sha256, to_text(claimed), "delete it first")
@@ -398,14 +381,10 @@ class ClusterWriter:
             dropped = [
                 n for n in dict.fromkeys([*old.names, *dropped_before]) if n not in bundle.names
             ]
-            done = await self._client.eval(
-                REPLACE,
-                1,
-                cert_key,
-                str(old.version),
-                " ".join(dropped),
-                pack(encode_record(ring, record, bundle)),
-            )
+            payload, chain = pack_record(ring, record, bundle, dropped=dropped)
+            if chain:
+                await self._client.set(keys.chain(chain_digest(chain)), chain)
+            done = await self._client.eval(SWAP, 1, cert_key, state, payload)
             if done == -1:
                 raise NotFound(f"{self._url}: no certificate {cert_id!r}")
             if done != 1:
@@ -423,9 +402,8 @@ class ClusterWriter:
                 ]
             )
             if dropped:
-                await self._client.eval(
-                    SET_IF, 1, cert_key, "version", str(record.version), F_DROPPED, ""
-                )
+                final, _ = pack_record(ring, record, bundle)
+                await self._client.eval(SWAP, 1, cert_key, state_of(payload), final)
             return record
         raise StoreError(f"{self._url}: replace {cert_id}: the record kept changing; gave up")
 
@@ -437,11 +415,17 @@ class ClusterWriter:
 
     async def _delete(self, cert_id: str) -> CertRecord:
         keys = self._keys
-        old, dropped = await self._read(cert_id)
+        old, dropped, _ = await self._read(cert_id)
         fp = keys.fingerprint(old.fingerprint_sha256)
         await self._client.eval(RELEASE, 1, fp, cert_id)
         names = list(dict.fromkeys([*old.names, *dropped]))
-        await self._run([("srem", keys.name(n), cert_id) for n in names])
+        left = await self._run(
+            [
+                cmd
+                for n in names
+                for cmd in (("srem", keys.name(n), cert_id), ("exists", keys.name(n)))
+            ]
+        )
         await self._global(
             [
                 ("zrem", keys.ids(), cert_id),
@@ -449,8 +433,30 @@ class ClusterWriter:
                 self._event("delete", cert_id, names),
             ]
         )
+        await self._unschedule(
+            old, [n for n, held in zip(names, left[1::2], strict=True) if held == 0]
+        )
         await self._client.delete(keys.cert(cert_id))
         return old
+
+    async def _unschedule(self, old: CertRecord, orphans: Sequence[str]) -> None:
+        """Drop the renewal entries of ``orphans`` (names no record holds now), but only
+        those about ``old``'s certificate or an older one: a renewal that stored a newer
+        certificate for a name meanwhile keeps its entry.  No script unless one is scheduled.
+        """
+        if not orphans:
+            return
+        entries = await self._client.hmget(self._keys.renewal_entries(), list(orphans))
+        scheduled = [n for n, e in zip(orphans, entries, strict=True) if e is not None]
+        if scheduled:
+            await self._client.eval(
+                UNSCHEDULE,
+                2,
+                self._keys.renewals(),
+                self._keys.renewal_entries(),
+                format_time(old.not_after.timestamp()),
+                *scheduled,
+            )
 
     # --- single-record updates --------------------------------------------------------
 
@@ -459,40 +465,62 @@ class ClusterWriter:
         if not valid_id(cert_id):
             raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
         cert_key = self._keys.cert(cert_id)
-        chain, names, sha = (
-            to_bytes(v) for v in await self._client.hmget(cert_key, [F_CHAIN, F_NAMES, F_SHA256])
-        )
-        if chain is None or sha is None:
+        row = await self._row(cert_key, [F_CHAIN])
+        if row is None:
             raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
+        chain = await chain_of(self._client, self._keys, self._url, cert_id, row)
         facts = check_for_chain(chain, der, now)
-        stored = await self._client.eval(SET_IF, 1, cert_key, F_SHA256, sha, "ocsp", der)
+        if row.packed is not None:
+            stored = await self._client.eval(
+                SWAP, 1, cert_key, row.state, row.packed.with_fields(O=der)
+            )
+        else:
+            sha = row.meta[F_SHA256] or b""
+            stored = await self._client.eval(SET_IF, 1, cert_key, F_SHA256, sha, "ocsp", der)
         if stored != 1:
             raise StoreError(
                 f"{self._url}: certificate {cert_id} changed while its OCSP response was stored;"
                 " check the response against the new certificate and try again"
             )
+        names = row.meta[F_NAMES]
         await self._global([self._event("put", cert_id, list(parse_names(names)))])
         return facts
 
     async def set_key(self, cert_id: str, token: bytes, fresh: bytes) -> bool:
-        """Swap a record's encrypted key if it still holds ``token`` (``keys rotate``)."""
-        done = await self._client.eval(
-            SET_IF, 1, self._keys.cert(cert_id), F_KEY, token, F_KEY, fresh
-        )
+        """Swap a record's encrypted key if it still holds ``token`` (``keys rotate``).
+
+        ``token`` a whole layout-2 record: the record is swapped for ``fresh``.
+        """
+        cert_key = self._keys.cert(cert_id)
+        if is_packed(token):
+            done = await self._client.eval(SWAP, 1, cert_key, state_of(token), fresh)
+        else:
+            done = await self._client.eval(SET_IF, 1, cert_key, F_KEY, token, F_KEY, fresh)
         return bool(done == 1)
 
     # --- helpers ----------------------------------------------------------------------
 
-    async def _read(self, cert_id: str) -> tuple[CertRecord, tuple[str, ...]]:
-        row = await self._client.hmget(self._keys.cert(cert_id), [*META_FIELDS, F_DROPPED])
-        fields = meta_fields(row[: len(META_FIELDS)])
-        if fields is None:
+    async def _read(self, cert_id: str) -> tuple[CertRecord, tuple[str, ...], bytes]:
+        """The record, the names a replace dropped, and its state (for :data:`~._rows.SWAP`)."""
+        row = await self._row(self._keys.cert(cert_id))
+        if row is None:
             raise NotFound(f"{self._url}: no certificate {cert_id!r}")
         try:
-            record = decode_record(cert_id, fields)
+            record = decode_record(cert_id, row.meta)
         except ValueError as exc:
             raise StoreCorrupt(f"{self._url}: record {cert_id!r} has bad metadata: {exc}") from exc
-        return record, parse_names(to_bytes(row[-1]))
+        return record, parse_names(row.dropped), row.state
+
+    async def _row(self, cert_key: str, extra: Sequence[str] = ()) -> Row | None:
+        try:
+            return await read_one(self._client, cert_key, extra)
+        except ValueError as exc:
+            raise StoreCorrupt(f"{self._url}: {cert_key} is not a record: {exc}") from exc
+
+    async def _sha256_of(self, cert_id: str) -> str | None:
+        """The leaf SHA-256 of record ``cert_id``; None if it is gone or unreadable."""
+        (reply,) = await fetch(self._client, self._keys, [cert_id])
+        return _sha256(reply)
 
     def _event(self, kind: EventKind, cert_id: str, names: Sequence[str]) -> tuple[Any, ...]:
         return ("xadd", self._keys.events(), encode_event(kind, cert_id, names))
@@ -534,3 +562,19 @@ class ClusterWriter:
 
     def _failed(self, record: CertRecord, reply: object) -> StoreError:
         return StoreError(f"{self._url}: add {record.fingerprint_sha256[:16]}: failed: {reply}")
+
+
+def _decoded(reply: object) -> Row | None:
+    """A fetched record, or None if it is gone, unreadable or not a record."""
+    if isinstance(reply, Exception):
+        return None
+    try:
+        return decode(reply)
+    except ValueError:
+        return None
+
+
+def _sha256(reply: object) -> str | None:
+    row = _decoded(reply)
+    sha = row.meta[F_SHA256] if row is not None else None
+    return sha.decode("ascii", "replace") if sha else None

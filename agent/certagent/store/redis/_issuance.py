@@ -1,11 +1,11 @@
 """The issuance roles in Redis: the fleet's ACME account, registered names, shared limits.
 
-Leases are :mod:`._leases`, the challenge board :mod:`._board`; :func:`redis_issuance`
-puts all five together for :meth:`RedisStore.issuance
-<certagent.store.redis.RedisStore.issuance>`.  Every key is on the ``{global}``
-slot of a cluster (:class:`~certagent.store.redis._layout.Keys`), so each write
-below is one script or one MULTI/EXEC on one slot, the same on one Redis and on
-a cluster.
+Leases are :mod:`._leases`, the challenge board :mod:`._board`, the renewal schedule and
+budget :mod:`._renewals`; :func:`redis_issuance` puts all six together for
+:meth:`RedisStore.issuance <certagent.store.redis.RedisStore.issuance>`. Every key is on
+the ``{global}`` slot of a cluster (:class:`~certagent.store.redis._layout.Keys`), so
+each write below is one script or one MULTI/EXEC on one slot, the same on one Redis and
+on a cluster.
 
 * **Account**: a hash per CA (``acme:account:<hash of the directory URL>``); the
   key encrypted with the data key (keycrypt, aad ``acme-account <directory>``: a
@@ -54,6 +54,7 @@ from certagent.store.redis._board import RedisBoard
 from certagent.store.redis._connection import redis_errors
 from certagent.store.redis._layout import Keys, to_bytes, to_text
 from certagent.store.redis._leases import RedisLeases
+from certagent.store.redis._renewals import RedisRenewals
 from certagent.store.redis._writer import ATTEMPTS, Fence
 from certagent.store.values import CertRecord
 
@@ -430,14 +431,16 @@ def redis_issuance(
     accounts: RedisAccounts,
     add: Callable[[CertBundle, Fence, str], Awaitable[CertRecord]],
     maxlen: int,
+    cluster: bool,
     clock: Callable[[], float] = time.time,
 ) -> Issuance:
-    """The five roles of one RedisStore (no I/O): shared by every agent on that Redis."""
+    """The six roles of one RedisStore (no I/O): shared by every agent on that Redis."""
     return Issuance(
         accounts=accounts,
         locks=RedisLeases(client, keys, shown, add, clock),
         challenges=RedisBoard(client, keys, shown, maxlen, clock),
         domains=RedisDomains(client, keys, shown, maxlen, clock),
         limits=RedisLimits(client, keys, shown, clock),
+        renewals=RedisRenewals(client, keys, shown, cluster=cluster),
         shared=True,
     )

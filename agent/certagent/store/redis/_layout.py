@@ -6,7 +6,12 @@ the same layout for operators.
 
 Key layout (``prefix`` defaults to ``certagent:``; all values are bytes)::
 
-    {prefix}cert:{id}     HASH    chain               leaf + chain certificates, PEM, leaf first
+    {prefix}cert:{id}     STRING  a record written since layout 2 (:mod:`._packed`): names,
+                                  dates, the leaf's DER, its key encrypted, the chain's SHA-256
+    {prefix}chain:{sha256} STRING the certificates after the leaf (DER, concatenated) of every
+                                  layout-2 record whose ``C`` field names that SHA-256
+    {prefix}cert:{id}     HASH    a record of layout 1 (written before; still read and updated):
+                                  chain               leaf + chain certificates, PEM, leaf first
                                   key                 the private key: keycrypt token (aad = id)
                                   names               the certificate's names, space-separated
                                   fingerprint_sha1    uppercase hex (as HAProxy prints it)
@@ -32,6 +37,10 @@ Key layout (``prefix`` defaults to ``certagent:``; all values are bytes)::
                                   keycrypt tokens (aad = tls-ticket-key), oldest first
     {prefix}tls:lock      STRING  held (SET NX PX) by the agent rotating the ring
     {prefix}lock:{id}     STRING  (a cluster only) held (SET NX PX) by the agent writing record id
+    {prefix}datakeys      HASH    node -> "<lapse ms> <kid> <kid> ...": the data keys each running
+                                  agent holds, until its announcement lapses (Redis's clock)
+    {prefix}namefilter    STRING  the agents' name filter at a position of the events stream
+                                  (:mod:`certagent.service.bloom`), rewritten now and then
 
 The issuance roles (:mod:`certagent.store.issuance`; all on the ``{global}`` slot of a
 cluster, so that one script or MULTI covers a lease and a record's commit)::
@@ -52,6 +61,12 @@ cluster, so that one script or MULTI covers a lease and a record's commit)::
     {prefix}acme:pause            STRING  until when the CA asked to wait (Unix seconds), PX
     {prefix}acme:orders           ZSET    name -> when its open-order slot lapses (ms, Redis's
                                           clock)
+    {prefix}acme:renew            ZSET    the renewal schedule: member "<name> <not_after>",
+                                          scored by renew_at (Unix seconds)
+    {prefix}acme:renew-entries    HASH    name -> its member of acme:renew (to move or drop it)
+    {prefix}acme:budget:{key}:{s}:{i}
+                                  STRING  spends in window i (of s seconds) of budget key; PX
+                                          the window's end + 1 s
 """
 
 from __future__ import annotations
@@ -151,6 +166,10 @@ class Keys:
     def name(self, name: str) -> str:
         return f"{self.prefix}name:{self._tag(name)}"
 
+    def chain(self, digest: bytes) -> str:
+        """The shared chain whose DER has SHA-256 ``digest`` (:mod:`._packed`)."""
+        return f"{self.prefix}chain:{self._tag(digest.hex())}"
+
     def name_pattern(self) -> str:
         """The SCAN pattern of every name key."""
         return f"{self.prefix}name:{{*}}" if self.cluster else f"{self.prefix}name:*"
@@ -181,6 +200,13 @@ class Keys:
 
     def tls_lock(self) -> str:
         return self._global("tls:lock")
+
+    def data_key_holders(self) -> str:
+        """The data keys each agent holds (:mod:`certagent.store.redis._fleetkeys`)."""
+        return self._global("datakeys")
+
+    def name_filter(self) -> str:
+        return self._global("namefilter")
 
     # --- issuance: every key on the {global} slot ---------------------------------------
 
@@ -225,6 +251,18 @@ class Keys:
 
     def order_slots(self) -> str:
         return self._global("acme:orders")
+
+    def renewals(self) -> str:
+        """The renewal schedule (a sorted set)."""
+        return self._global("acme:renew")
+
+    def renewal_entries(self) -> str:
+        """Name -> its member of :meth:`renewals`."""
+        return self._global("acme:renew-entries")
+
+    def budget(self, key: str, seconds: str, index: int) -> str:
+        """The count of window ``index`` of ``seconds`` s of checked budget ``key``."""
+        return self._global(f"acme:budget:{key}:{seconds}:{index}")
 
 
 def valid_id(cert_id: str) -> bool:

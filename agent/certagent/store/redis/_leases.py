@@ -44,7 +44,9 @@ from certagent.store.issuing import (
 )
 from certagent.store.redis._connection import redis_errors
 from certagent.store.redis._layout import Keys, to_bytes
+from certagent.store.redis._renewals import scheduled
 from certagent.store.redis._writer import Fence
+from certagent.store.renewing import check_entry
 from certagent.store.values import CertRecord
 
 __all__ = ["ACQUIRE", "HOLD", "RELEASE", "RENEW", "FencedAdd", "RedisLeases"]
@@ -141,17 +143,30 @@ class RedisLeases:
             await self._release(keys=[self._keys.lease(name)], args=[lease_value(lease)])
 
     async def add_issued(
-        self, bundle: CertBundle, lease: Lease, *, managed: str = ACME_MANAGED
+        self,
+        bundle: CertBundle,
+        lease: Lease,
+        *,
+        managed: str = ACME_MANAGED,
+        renew_at: float | None = None,
     ) -> CertRecord:
-        """The store's add, its commit fenced by ``lease`` (see the module's docstring)."""
+        """The store's add, its commit fenced by ``lease`` (see the module's docstring).
+
+        With ``renew_at``, the commit also schedules ``lease.name``
+        (:mod:`._renewals`): in the same MULTI/EXEC on one Redis, in the same
+        commit script on a cluster.
+        """
         name = check_name(lease.name)
+        renew = None
+        if renew_at is not None:
+            renew = scheduled(check_entry(name, renew_at, bundle.not_after.timestamp()))
         key, value = self._keys.lease(name), lease_value(lease)
         with self._errors(f"check the lease on {name}"):
             held = await self._hold(keys=[key], args=[value, _ms(HOLD_SECONDS)])
         if not isinstance(held, list) or not held or held[0] != 1:
             holder = held[1] if isinstance(held, list) and len(held) > 1 else None
             raise lease_lost(lease, to_bytes(holder))
-        return await self._add(bundle, Fence(key, value, lease), managed)
+        return await self._add(bundle, Fence(key, value, lease, renew), managed)
 
     def _errors(self, action: str) -> AbstractContextManager[None]:
         return redis_errors(self._url, action)

@@ -1,11 +1,14 @@
 """How the Redis store encodes a record and an event, and decodes them: one module for both writers.
 
-Pure functions on values, no I/O.  A record is one hash (fields in
-:mod:`certagent.store.redis._layout`), its private key encrypted with the data
-key for its id; :class:`RecordEncoder` prepares a new one ahead (in worker
-processes too) as a :class:`~certagent.store.base.PreparedRecord` whose
-payload is the hash's fields and values joined by NUL bytes (as the scripts
-of both writers split them).  An event is one entry of the ``events`` stream.
+Pure functions on values, no I/O.  A record is written as one string
+(layout 2, :mod:`certagent.store.redis._packed`), its private key encrypted
+with the data key for its id; :class:`RecordEncoder` prepares a new one ahead
+(in worker processes too) as a :class:`~certagent.store.base.PreparedRecord`
+whose payload is that string and whose ``shared`` is its chain (stored once,
+``chain:{sha256}``).  Stores written before hold layout 1, one hash per record
+(fields in :mod:`certagent.store.redis._layout`): :func:`encode_record` and
+:func:`pack` still write one (tests of old stores), :func:`decode_record`
+reads the metadata of both.  An event is one entry of the ``events`` stream.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from certagent.certs import hostname, keycrypt
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.pem import CERTIFICATE, KEY_LABELS, CertBundle, split_blocks
 from certagent.errors import InvalidHostname, StoreError
-from certagent.store.base import CertRecord, Change, PreparedRecord
+from certagent.store.base import CertRecord, Change, PreparedRecord, WireRecord
 from certagent.store.records import make_record
+from certagent.store.redis._addscript import AddCall
 from certagent.store.redis._layout import (
     F_CHAIN,
     F_KEY,
@@ -43,6 +47,7 @@ from certagent.store.redis._layout import (
     to_text,
     valid_id,
 )
+from certagent.store.redis._packed import pack_record
 
 __all__ = [
     "EventKind",
@@ -53,7 +58,6 @@ __all__ = [
     "encode_event",
     "encode_record",
     "expiry_score",
-    "fields_of",
     "meta_fields",
     "pack",
     "parse_names",
@@ -78,7 +82,10 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}\Z")
 def encode_record(
     ring: KeyRing, record: CertRecord, bundle: CertBundle
 ) -> dict[FieldT, EncodableT]:
-    """The hash fields of ``record`` holding ``bundle``; the key encrypted for ``record.id``.
+    """Layout 1: the hash fields of ``record`` holding ``bundle``; the key encrypted for its id.
+
+    What stores written before layout 2 hold; nothing writes it any more but
+    tests of those stores.
 
     ``managed`` is written only when it is not ``""``: an upload's hash is what it
     always was.
@@ -188,13 +195,25 @@ class RecordEncoder:
     """Encodes new records for the bulk writer: pure, no I/O; picklable.
 
     ``ring`` is the store's key ring (its data keys: keep the encoder in the
-    process that opened the key file and in the workers it starts).
+    process that opened the key file and in the workers it starts).  ``call``:
+    the writer's add script call (one Redis), with which :meth:`encode` packs
+    the whole write ahead.
     """
 
     ring: KeyRing
+    call: AddCall | None = None
 
     def __repr__(self) -> str:
-        return f"RecordEncoder(current={self.ring.current!r})"
+        return f"RecordEncoder(current={self.ring.current!r}, packed={self.call is not None})"
+
+    def encode(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord | WireRecord:
+        """:meth:`prepare`; with ``call``, packed into the write's bytes (a WireRecord)."""
+        prepared = self.prepare(bundle, updated_at)
+        if self.call is None:
+            return prepared
+        record = prepared.record
+        command = self.call.command(record, prepared.payload, prepared.expiry, prepared.shared)
+        return WireRecord(record.id, record.fingerprint_sha256, command)
 
     def prepare(
         self, bundle: CertBundle, updated_at: datetime, *, managed: str = ""
@@ -203,10 +222,9 @@ class RecordEncoder:
         record = make_record(
             secrets.token_hex(8), bundle, version=1, updated_at=updated_at, managed=managed
         )
+        payload, chain = pack_record(self.ring, record, bundle)
         return PreparedRecord(
-            record=record,
-            payload=pack(encode_record(self.ring, record, bundle), record.id),
-            expiry=expiry_score(bundle.not_after),
+            record=record, payload=payload, expiry=expiry_score(bundle.not_after), shared=chain
         )
 
 
@@ -221,12 +239,6 @@ def pack(fields: Mapping[FieldT, EncodableT], record_id: str = "") -> bytes:
                 raise StoreError(f"{which}: a field is not NUL-free bytes")
             parts.append(raw)
     return b"\0".join(parts)
-
-
-def fields_of(prepared: PreparedRecord) -> dict[FieldT, EncodableT]:
-    """The hash's fields and values of ``prepared`` (for HSET)."""
-    parts = prepared.payload.split(b"\0")
-    return dict(zip(parts[::2], parts[1::2], strict=True))
 
 
 # --- events --------------------------------------------------------------------------------

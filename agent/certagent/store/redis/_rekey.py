@@ -1,4 +1,13 @@
-"""``certagent keys rotate`` on Redis: re-encrypt every private key with the current data key."""
+"""``certagent keys rotate`` on Redis: re-encrypt every private key with the current data key,
+and rewrite every record of layout 1 (a hash) in layout 2 (one compact string).
+
+The rewrite is the store's online migration: records keep their id, version,
+metadata, OCSP response and index entries, and no event is written (the
+certificates did not change); agents keep serving throughout, as they read both
+layouts.  Each record is swapped on its own, only if it is still the one read
+(:data:`~._rows.SWAP`), so a write meanwhile wins and the record is left for
+the next run.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +17,12 @@ import redis.asyncio
 
 from certagent.certs import keycrypt
 from certagent.certs.keycrypt import KeyRing
-from certagent.errors import KeyDecryptError
-from certagent.store.redis._layout import F_KEY, Keys, to_text, valid_id
+from certagent.certs.pem import parse_bundle
+from certagent.errors import CertificateError, KeyDecryptError
+from certagent.store.redis._layout import F_CHAIN, F_KEY, F_OCSP, Keys, to_text, valid_id
+from certagent.store.redis._packed import chain_digest, key_aad, pack_record
+from certagent.store.redis._records import decode_record, parse_names
+from certagent.store.redis._rows import SWAP, Row, decode, fetch
 from certagent.store.redis._writer import RecordWriter
 
 __all__ = ["reencrypt_all"]
@@ -26,16 +39,17 @@ async def reencrypt_all(
     ring: KeyRing,
     writer: RecordWriter,
 ) -> int:
-    """Re-encrypt every key not made with the ring's current data key; return how many.
+    """Re-encrypt every key not made with the ring's current data key, and rewrite every
+    layout-1 record as layout 2 (its key re-encrypted too); return how many records changed.
 
     Walks the ``ids`` index in batches (O(N) records, O(N / 500) round trips
-    plus one write per re-encrypted key).  Each record's key is swapped on its
-    own by ``writer`` (:meth:`~certagent.store.redis._writer.RecordWriter.set_key`,
-    a compare-and-set): its ``version`` and the change feed are left alone, as
-    the certificate did not change.  A key that cannot be decrypted is logged
-    and left as is.  redis-py errors escape (the store translates them).
+    plus one write per record changed).  A layout-2 record is swapped whole by
+    ``writer`` (:meth:`~certagent.store.redis._writer.RecordWriter.set_key`, a
+    compare-and-set); its ``version`` and the change feed are left alone, as
+    the certificate did not change.  A record that cannot be decrypted or parsed
+    is logged and left as is.  redis-py errors escape (the store translates them).
     """
-    rotated = 0
+    changed = rewritten = 0
     low = "-"
     while True:
         raw = await client.zrangebylex(keys.ids(), low, "+", start=0, num=_BATCH)
@@ -44,24 +58,63 @@ async def reencrypt_all(
         ids = [to_text(i) for i in raw]
         low = f"({ids[-1]}"
         ids = [i for i in ids if valid_id(i)]
-        async with client.pipeline(transaction=False) as pipe:
-            for cert_id in ids:
-                pipe.hget(keys.cert(cert_id), F_KEY)
-            tokens = await pipe.execute(raise_on_error=False)
-        for cert_id, token in zip(ids, tokens, strict=True):
-            if isinstance(token, bytes) and await _one(shown, ring, cert_id, token, writer):
-                rotated += 1
-    log.info("re-encrypted %d keys with data key %r in %s", rotated, ring.current, shown)
-    return rotated
+        replies = await fetch(client, keys, ids, [F_CHAIN])
+        for cert_id, reply in zip(ids, replies, strict=True):
+            try:
+                row = None if isinstance(reply, Exception) else decode(reply, [F_CHAIN])
+            except ValueError as exc:
+                log.warning("cannot re-encrypt the key of record %r in %s: %s", cert_id, shown, exc)
+                continue
+            if row is None:
+                continue
+            if row.packed is not None:
+                changed += await _packed(shown, ring, cert_id, row, writer)
+            elif await _rewrite(client, keys, shown, ring, cert_id, row):
+                changed += 1
+                rewritten += 1
+    log.info(
+        "re-encrypted the keys of %d records with data key %r in %s (%d of them rewritten"
+        " from layout 1 to layout 2)",
+        changed,
+        ring.current,
+        shown,
+        rewritten,
+    )
+    return changed
 
 
-async def _one(shown: str, ring: KeyRing, cert_id: str, token: bytes, writer: RecordWriter) -> bool:
-    aad = cert_id.encode("ascii")
+async def _packed(shown: str, ring: KeyRing, cert_id: str, row: Row, writer: RecordWriter) -> bool:
+    """A layout-2 record: the whole record swapped for one with its key re-encrypted."""
+    assert row.packed is not None
+    token = row.packed.key_token
     try:
         if not keycrypt.needs_rotation(ring, token):
             return False
-        fresh = keycrypt.reencrypt(ring, token, aad)
+        fresh = keycrypt.reencrypt(ring, token, key_aad(cert_id))
     except KeyDecryptError as exc:
         log.warning("cannot re-encrypt the key of record %r in %s: %s", cert_id, shown, exc)
         return False
-    return await writer.set_key(cert_id, token, fresh)
+    return await writer.set_key(cert_id, row.raw, row.packed.with_fields(K=fresh))
+
+
+async def _rewrite(
+    client: redis.asyncio.Redis, keys: Keys, shown: str, ring: KeyRing, cert_id: str, row: Row
+) -> bool:
+    """A layout-1 hash rewritten as layout 2: the same record, its chain shared, its key
+    encrypted with the current data key.  False if it changed meanwhile (or is unusable)."""
+    token, chain = row.fields.get(F_KEY), row.fields.get(F_CHAIN)
+    try:
+        if token is None or chain is None:
+            raise ValueError("the chain or the key is missing")
+        key = keycrypt.decrypt(ring, token, cert_id.encode("ascii"))
+        bundle = parse_bundle(chain, key, rsa_key_check="match")  # checked on upload
+        record = decode_record(cert_id, row.meta)
+    except (KeyDecryptError, CertificateError, ValueError) as exc:
+        log.warning("cannot rewrite record %r of %s in layout 2: %s", cert_id, shown, exc)
+        return False
+    payload, shared = pack_record(
+        ring, record, bundle, ocsp=row.fields.get(F_OCSP), dropped=parse_names(row.dropped)
+    )
+    if shared:
+        await client.set(keys.chain(chain_digest(shared)), shared)  # before the record
+    return bool(await client.eval(SWAP, 1, keys.cert(cert_id), row.state, payload) == 1)

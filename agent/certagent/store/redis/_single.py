@@ -1,13 +1,15 @@
 """Writes on one Redis (plain or Sentinel): each one atomic, a MULTI/EXEC or a Lua script.
 
-* **add** (one record): WATCH the fingerprint key and the record's hash, check
-  neither is taken, then one MULTI/EXEC writes the hash, ``fp:``, the name
-  sets, ``ids``, ``expiry`` and the ``put`` event;
+* **add** (one record): WATCH the fingerprint key and the record's key, check
+  neither is taken, then one MULTI/EXEC writes the shared chain, the record
+  (layout 2, :mod:`._packed`), ``fp:``, the name sets, ``ids``, ``expiry`` and
+  the ``put`` event;
 * **bulk adds**: :data:`ADD_SCRIPT` does the same checks and writes for one
   record inside Redis, 200 scripts pipelined per round trip; a user who may
   not run scripts (``NOPERM``, logged once) gets one MULTI/EXEC per record;
 * **replace**, **delete**, an OCSP response, a re-encrypted key: WATCH what the
-  write depends on, then one MULTI/EXEC.
+  write depends on, then one MULTI/EXEC.  A record of layout 1 (a hash) is
+  read as such; a replace writes it again as layout 2.
 
 A WATCHed key that changes makes EXEC fail: the write is read again and
 retried, :data:`~certagent.store.redis._writer.ATTEMPTS` times at most.  Every
@@ -16,10 +18,12 @@ write costs O(names of the record) commands in 2-4 round trips.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio
 import redis.exceptions
@@ -28,101 +32,52 @@ from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts, check_for_chain
 from certagent.certs.pem import CertBundle
 from certagent.errors import NotFound, StoreCorrupt, StoreError
-from certagent.store.base import CertRecord, IdTaken, PreparedRecord
+from certagent.store.base import AddAlone, CertRecord, IdTaken, PreparedRecord, WireRecord
 from certagent.store.records import make_record
+from certagent.store.redis._addscript import (
+    ADD_SCRIPT,
+    ADD_SHA,
+    ADDED,
+    ID_TAKEN,
+    STORED,
+    WRONG_TYPE,
+    AddCall,
+    script_args,
+    script_keys,
+)
+from certagent.store.redis._chains import chain_of
 from certagent.store.redis._layout import (
     F_CHAIN,
     F_KEY,
     F_NAMES,
     F_OCSP,
-    META_FIELDS,
     Keys,
     to_bytes,
     to_text,
 )
+from certagent.store.redis._packed import chain_digest, is_packed, pack_record
 from certagent.store.redis._records import (
     EventKind,
     decode_record,
     encode_event,
-    encode_record,
     expiry_score,
-    fields_of,
-    meta_fields,
     parse_names,
 )
-from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Fence, Stored, duplicate
+from certagent.store.redis._renewals import SCHEDULE, UNSCHEDULE
+from certagent.store.redis._rows import Row, read_one
+from certagent.store.redis._writer import (
+    ATTEMPTS,
+    AddOutcome,
+    Fence,
+    Stored,
+    WireOutcome,
+    duplicate,
+)
 
-__all__ = ["ADD_SCRIPT", "SingleNodeWriter", "script_keys"]
+__all__ = ["SingleNodeWriter"]
 
+_Outcome = TypeVar("_Outcome", AddOutcome, WireOutcome)
 log = logging.getLogger(__name__)
-
-#: Adds one record (EVALSHA).  KEYS: 1 the fingerprint key, 2 the record's hash, 3 the
-#: ``ids`` and 4 ``expiry`` sorted sets, 5 the events stream, 6.. the record's name sets.
-#: ARGV: 1 the id, 2 the expiry score, 3 the stream's MAXLEN, 4 the event's names, 5 the
-#: hash's fields and values joined by NUL bytes (one argument instead of 22: packing each
-#: argument costs the importer more than splitting costs Redis).  Reply: ``{1}`` added;
-#: ``{0, id}`` the leaf is already stored as ``id``; ``{2}`` the id is taken (draw another);
-#: ``{3, key, type}`` a key holds the wrong type (nothing was written).
-ADD_SCRIPT = """
-local id = ARGV[1]
-local function wrong(key, want)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'none' and kind ~= want then return {3, key, kind} end
-end
-local bad = wrong(KEYS[1], 'string') or wrong(KEYS[2], 'hash') or wrong(KEYS[3], 'zset')
-  or wrong(KEYS[4], 'zset') or wrong(KEYS[5], 'stream')
-if bad then return bad end
-for i = 6, #KEYS do
-  bad = wrong(KEYS[i], 'set')
-  if bad then return bad end
-end
-local owner = redis.call('GET', KEYS[1])
-if owner then return {0, owner} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
-local fields, payload, start = {}, ARGV[5], 1
-while true do
-  local stop = string.find(payload, '\\0', start, true)
-  if not stop then
-    fields[#fields + 1] = string.sub(payload, start)
-    break
-  end
-  fields[#fields + 1] = string.sub(payload, start, stop - 1)
-  start = stop + 1
-end
-redis.call('HSET', KEYS[2], unpack(fields))
-redis.call('SET', KEYS[1], id)
-for i = 6, #KEYS do redis.call('SADD', KEYS[i], id) end
-redis.call('ZADD', KEYS[3], 0, id)
-redis.call('ZADD', KEYS[4], ARGV[2], id)
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*',
-  'kind', 'put', 'id', id, 'names', ARGV[4])
-return {1}
-"""
-
-_ADDED, _STORED, _ID_TAKEN, _WRONG_TYPE = 1, 0, 2, 3
-
-
-def script_keys(keys: Keys, record: CertRecord) -> list[str]:
-    """The KEYS of :data:`ADD_SCRIPT` for ``record``, in its order."""
-    return [
-        keys.fingerprint(record.fingerprint_sha256),
-        keys.cert(record.id),
-        keys.ids(),
-        keys.expiry(),
-        keys.events(),
-        *(keys.name(name) for name in record.names),
-    ]
-
-
-def _script_args(prepared: PreparedRecord, events_maxlen: int) -> list[bytes | str]:
-    record = prepared.record
-    return [
-        record.id,
-        repr(prepared.expiry),  # as redis-py encodes the score of a single add's ZADD
-        str(events_maxlen),
-        " ".join(dict.fromkeys(record.names)),
-        prepared.payload,
-    ]
 
 
 class SingleNodeWriter:
@@ -155,14 +110,7 @@ class SingleNodeWriter:
             try:
                 return await self._by_script(records)
             except redis.exceptions.NoPermissionError as exc:
-                log.warning(
-                    "%s: scripts are not allowed for this user (%s); bulk adds now take one"
-                    " MULTI/EXEC round trip per record: grant +evalsha +script|load for one"
-                    " round trip per batch",
-                    self._url,
-                    exc,
-                )
-                self._scripts_allowed = False
+                self._no_scripts(exc)
         results: list[AddOutcome] = []
         for prepared in records:
             try:
@@ -174,21 +122,37 @@ class SingleNodeWriter:
     async def _by_script(self, records: Sequence[PreparedRecord]) -> list[AddOutcome]:
         if self._sha is None:
             self._sha = to_text(await self._client.script_load(ADD_SCRIPT))
-        results: list[AddOutcome | None] = [None] * len(records)
-        todo = list(range(len(records)))
-        for _ in range(2):  # a second pass after NOSCRIPT (the server lost its scripts)
+
+        async def send(todo: list[int]) -> list[object]:
             async with self._client.pipeline(transaction=False) as pipe:
                 for i in todo:
-                    keys = script_keys(self._keys, records[i].record)
-                    args = _script_args(records[i], self._maxlen)
-                    pipe.evalsha(self._sha, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
+                    keys = script_keys(self._keys, records[i])
+                    args = script_args(records[i], self._maxlen)
+                    pipe.evalsha(self._sha or ADD_SHA, len(keys), *keys, *args)
+                return list(await pipe.execute(raise_on_error=False))
+
+        return await self._scripted(
+            len(records), send, lambda i, reply: self._script_result(records[i], reply)
+        )
+
+    async def _scripted(
+        self,
+        count: int,
+        send: Callable[[list[int]], Awaitable[list[object]]],
+        result: Callable[[int, object], _Outcome],
+    ) -> list[_Outcome | StoreError]:
+        """Run ``count`` add-script calls (``send`` the ones numbered, get their replies);
+        those the server lost the script for (NOSCRIPT) go again once it is reloaded."""
+        results: list[_Outcome | StoreError | None] = [None] * count
+        todo = list(range(count))
+        for _ in range(2):  # a second pass after NOSCRIPT (the server lost its scripts)
+            replies = await send(todo)
             lost: list[int] = []
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, redis.exceptions.NoScriptError):
                     lost.append(i)
                 else:
-                    results[i] = self._script_result(records[i], reply)
+                    results[i] = result(i, reply)
             if not lost:
                 break
             self._sha = to_text(await self._client.script_load(ADD_SCRIPT))
@@ -202,11 +166,10 @@ class SingleNodeWriter:
         record = prepared.record
         if isinstance(reply, redis.exceptions.NoPermissionError):
             raise reply  # the whole pipeline was refused: fall back to transactions
-        if isinstance(reply, redis.exceptions.ResponseError):
-            return self._failed(record, f"failed: {reply}")
-        if not isinstance(reply, list) or not reply or not isinstance(reply[0], int):
-            return StoreError(f"{self._url}: the add script gave an unexpected reply")
-        if reply[0] == _ADDED:
+        reply = self._checked_reply(record, reply)
+        if isinstance(reply, StoreError):
+            return reply
+        if reply[0] == ADDED:
             log.debug(
                 "stored certificate %s for %s (sha256 %s) in %s",
                 record.id,
@@ -215,19 +178,109 @@ class SingleNodeWriter:
                 self._url,
             )
             return record
-        if reply[0] == _STORED and len(reply) == 2:
+        if reply[0] == STORED and len(reply) == 2:
             owner = to_text(reply[1])
             if owner == record.id:  # redis-py sent the batch again after a lost reply
                 return record
             return Stored(owner)
-        if reply[0] == _ID_TAKEN:
+        if reply[0] == ID_TAKEN:
             return IdTaken(prepared)
-        if reply[0] == _WRONG_TYPE and len(reply) == 3:
+        return StoreError(f"{self._url}: the add script gave an unexpected reply")
+
+    def _checked_reply(
+        self, record: CertRecord | WireRecord, reply: object
+    ) -> list[Any] | StoreError:
+        """The add script's reply as a list, or the error it means (a Redis error, a
+        key of another type, a malformed reply): what both add paths refuse alike."""
+        if isinstance(reply, redis.exceptions.ResponseError):
+            return self._failed(record, f"failed: {reply}")
+        if not isinstance(reply, list) or not reply or not isinstance(reply[0], int):
+            return StoreError(f"{self._url}: the add script gave an unexpected reply")
+        if reply[0] == WRONG_TYPE and len(reply) == 3:
             return self._failed(
                 record,
                 f"{to_text(reply[1])} is a {to_text(reply[2])}, not what certagent writes"
                 " there (written by something else?); nothing was written",
             )
+        return reply
+
+    def add_call(self) -> AddCall | None:
+        """What packs a record's add for :meth:`add_wire`; None once scripts were refused."""
+        return AddCall(self._keys, self._maxlen) if self._scripts_allowed else None
+
+    async def add_wire(self, records: Sequence[WireRecord]) -> list[WireOutcome]:
+        """:meth:`add_batch` for calls packed ahead (:class:`~._addscript.AddCall`): bytes out.
+
+        The calls go out as they are, on one connection of the client's pool,
+        in one write, and their replies are read in order: no packing, no
+        pipeline object.  NOSCRIPT: the script is loaded and those records sent
+        again.  A user who may not run scripts gets :class:`AddAlone` for every
+        record (add each through :meth:`add`; logged once).  Connection errors
+        escape: records of this call may then be stored or not, each entirely
+        or not at all.
+        """
+        if self._scripts_allowed and records:
+            try:
+                return await self._wire_by_script(records)
+            except redis.exceptions.NoPermissionError as exc:
+                self._no_scripts(exc)
+        return [AddAlone(r, "scripts are not allowed for this user") for r in records]
+
+    async def _wire_by_script(self, records: Sequence[WireRecord]) -> list[WireOutcome]:
+        if self._sha != ADD_SHA:
+            self._sha = to_text(await self._client.script_load(ADD_SCRIPT))
+
+        def result(i: int, reply: object) -> WireOutcome:
+            if isinstance(reply, redis.exceptions.NoPermissionError):
+                raise reply  # every call is refused alike: none was run
+            return self._wire_result(records[i], reply)
+
+        return await self._scripted(
+            len(records), lambda todo: self._send_packed([records[i].command for i in todo]), result
+        )
+
+    async def _send_packed(self, commands: list[bytes]) -> list[object]:
+        """Send RESP-packed ``commands`` in one write; their replies (an error: its exception)."""
+        pool = self._client.connection_pool
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await conn.send_packed_command(commands)
+            replies: list[object] = []
+            # one deadline for the batch's replies (a TimeoutError, an OSError: unavailable),
+            # not one per reply: asyncio's timeout per read was ≈15 % of this process's CPU
+            async with asyncio.timeout(conn.socket_timeout):
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response(True, timeout=math.inf))
+                    except redis.exceptions.ResponseError as exc:
+                        replies.append(exc)
+        except BaseException:
+            await conn.disconnect()  # replies may be left unread: never reuse it
+            raise
+        finally:
+            await pool.release(conn)
+        return replies
+
+    def _no_scripts(self, exc: Exception) -> None:
+        log.warning(
+            "%s: scripts are not allowed for this user (%s); bulk adds now take one"
+            " MULTI/EXEC round trip per record: grant +evalsha +script|load for one"
+            " round trip per batch",
+            self._url,
+            exc,
+        )
+        self._scripts_allowed = False
+
+    def _wire_result(self, record: WireRecord, reply: object) -> WireOutcome:
+        reply = self._checked_reply(record, reply)
+        if isinstance(reply, StoreError):
+            return reply
+        if reply[0] == ADDED:
+            return record
+        if reply[0] == STORED and len(reply) == 2:
+            return Stored(to_text(reply[1]))
+        if reply[0] == ID_TAKEN:
+            return IdTaken(record)
         return StoreError(f"{self._url}: the add script gave an unexpected reply")
 
     async def _by_transaction(
@@ -235,8 +288,8 @@ class SingleNodeWriter:
     ) -> AddOutcome:
         """One record in WATCH/MULTI/EXEC; retried while a WATCHed key changes."""
         record = prepared.record
-        keys = script_keys(self._keys, record)
-        fp_key, cert_key, ids_key, expiry_key = keys[:4]
+        keys = script_keys(self._keys, prepared)
+        fp_key, cert_key, ids_key, expiry_key, _, chain_key = keys[:6]
         watched = [fp_key, cert_key] if fence is None else [fp_key, cert_key, fence.key]
         for _ in range(ATTEMPTS):
             try:
@@ -252,13 +305,26 @@ class SingleNodeWriter:
                     if await pipe.exists(cert_key):
                         return IdTaken(prepared)
                     pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.hset(cert_key, mapping=fields_of(prepared))
+                    if prepared.shared:
+                        pipe.set(chain_key, prepared.shared)
+                    pipe.set(cert_key, prepared.payload)
                     pipe.set(fp_key, record.id)
-                    for name_key in keys[5:]:
+                    for name_key in keys[6:]:
                         pipe.sadd(name_key, record.id)
                     pipe.zadd(ids_key, {record.id: 0})
                     pipe.zadd(expiry_key, {record.id: prepared.expiry})
                     self._event(pipe, "put", record.id, record.names)
+                    if fence is not None and fence.renew is not None:
+                        renew = fence.renew
+                        pipe.eval(
+                            SCHEDULE,
+                            2,
+                            self._keys.renewals(),
+                            self._keys.renewal_entries(),
+                            renew.name,
+                            renew.score,
+                            renew.member,
+                        )
                     await pipe.execute()
                 return record
             except redis.exceptions.WatchError:
@@ -284,7 +350,7 @@ class SingleNodeWriter:
         new_fp_key = self._keys.fingerprint(bundle.fingerprint_sha256)
         async with self._client.pipeline(transaction=True) as pipe:
             await pipe.watch(cert_key, new_fp_key)
-            old = self._existing(cert_id, await pipe.hmget(cert_key, list(META_FIELDS)))
+            old = self._existing(cert_id, await self._read(pipe, cert_key))
             owner = to_bytes(await pipe.get(new_fp_key))
             if owner is not None and owner != cert_id.encode("ascii"):
                 raise duplicate(
@@ -299,9 +365,11 @@ class SingleNodeWriter:
                 if to_bytes(await pipe.get(old_fp_key)) == cert_id.encode("ascii"):
                     stale_fp_key = old_fp_key
             record = make_record(cert_id, bundle, version=old.version + 1, updated_at=now)
+            payload, chain = pack_record(ring, record, bundle)
             pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.delete(cert_key)
-            pipe.hset(cert_key, mapping=encode_record(ring, record, bundle))
+            if chain:
+                pipe.set(self._keys.chain(chain_digest(chain)), chain)
+            pipe.set(cert_key, payload)  # a layout-1 hash becomes a layout-2 string
             if stale_fp_key is not None:
                 pipe.delete(stale_fp_key)
             pipe.set(new_fp_key, cert_id)
@@ -325,13 +393,24 @@ class SingleNodeWriter:
         raise self._gave_up("delete", cert_id)
 
     async def _delete_once(self, cert_id: str) -> CertRecord:
+        """WATCH the record, its ``fp:`` and the renewal entries; one MULTI/EXEC.
+
+        Names with a renewal entry get :data:`~certagent.store.redis._renewals.UNSCHEDULE`
+        in the MULTI, after the SREMs: it drops the entries of the names whose
+        set is then empty (no record holds them any more).  A delete of a
+        record none of whose names is scheduled runs no script.
+        """
         cert_key = self._keys.cert(cert_id)
+        entries_key = self._keys.renewal_entries()
         async with self._client.pipeline(transaction=True) as pipe:
             await pipe.watch(cert_key)
-            old = self._existing(cert_id, await pipe.hmget(cert_key, list(META_FIELDS)))
+            old = self._existing(cert_id, await self._read(pipe, cert_key))
             fp_key = self._keys.fingerprint(old.fingerprint_sha256)
-            await pipe.watch(fp_key)
+            await pipe.watch(fp_key, entries_key)
             owned = to_bytes(await pipe.get(fp_key)) == cert_id.encode("ascii")
+            names = list(dict.fromkeys(old.names))
+            entries = await pipe.hmget(entries_key, names)
+            scheduled = [n for n, e in zip(names, entries, strict=True) if e is not None]
             pipe.multi()  # type: ignore[no-untyped-call]
             pipe.delete(cert_key)
             if owned:
@@ -341,13 +420,23 @@ class SingleNodeWriter:
             pipe.zrem(self._keys.ids(), cert_id)
             pipe.zrem(self._keys.expiry(), cert_id)
             self._event(pipe, "delete", cert_id, old.names)
+            if scheduled:
+                pipe.eval(
+                    UNSCHEDULE,
+                    2 + len(scheduled),
+                    self._keys.renewals(),
+                    entries_key,
+                    *(self._keys.name(n) for n in scheduled),
+                    "",
+                    *scheduled,
+                )
             await pipe.execute()
         return old
 
     # --- single-field updates ---------------------------------------------------------
 
     async def put_ocsp(self, cert_id: str, der: bytes, now: datetime) -> OcspFacts:
-        """Check ``der`` against the record's chain, then HSET it with a ``put`` event, atomically.
+        """Check ``der`` against the record's chain, then store it with a ``put`` event, atomically.
 
         WATCH on the record: a record replaced meanwhile (another leaf) makes this
         fail rather than keep a response for a certificate it is not about.
@@ -355,13 +444,17 @@ class SingleNodeWriter:
         cert_key = self._keys.cert(cert_id)
         async with self._client.pipeline(transaction=True) as pipe:
             await pipe.watch(cert_key)
-            chain, names = (to_bytes(v) for v in await pipe.hmget(cert_key, [F_CHAIN, F_NAMES]))
-            if chain is None:
+            row = await self._read(pipe, cert_key, [F_CHAIN])
+            if row is None:
                 raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
+            chain = await chain_of(self._client, self._keys, self._url, cert_id, row)
             facts = check_for_chain(chain, der, now)
             pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.hset(cert_key, F_OCSP, der)
-            self._event(pipe, "put", cert_id, list(parse_names(names)))
+            if row.packed is not None:
+                pipe.set(cert_key, row.packed.with_fields(O=der))
+            else:
+                pipe.hset(cert_key, F_OCSP, der)
+            self._event(pipe, "put", cert_id, list(parse_names(row.meta[F_NAMES])))
             try:
                 await pipe.execute()
             except redis.exceptions.WatchError as exc:
@@ -372,13 +465,24 @@ class SingleNodeWriter:
         return facts
 
     async def set_key(self, cert_id: str, token: bytes, fresh: bytes) -> bool:
+        """A hash's ``key`` field, or (``token`` a layout-2 record) the whole record."""
         cert_key = self._keys.cert(cert_id)
         async with self._client.pipeline(transaction=True) as pipe:
             await pipe.watch(cert_key)
-            if to_bytes(await pipe.hget(cert_key, F_KEY)) != token:
+            if is_packed(token):
+                try:
+                    held = to_bytes(await pipe.get(cert_key))
+                except redis.exceptions.ResponseError:
+                    return False  # a hash now: not what was read
+            else:
+                held = to_bytes(await pipe.hget(cert_key, F_KEY))
+            if held != token:
                 return False  # replaced or deleted meanwhile: that write used the current key
             pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.hset(cert_key, F_KEY, fresh)
+            if is_packed(token):
+                pipe.set(cert_key, fresh)
+            else:
+                pipe.hset(cert_key, F_KEY, fresh)
             try:
                 await pipe.execute()
             except redis.exceptions.WatchError:
@@ -395,16 +499,21 @@ class SingleNodeWriter:
             approximate=True,
         )
 
-    def _existing(self, cert_id: str, row: object) -> CertRecord:
-        fields = meta_fields(row)
-        if fields is None:
+    async def _read(self, pipe: Any, cert_key: str, extra: Sequence[str] = ()) -> Row | None:
+        try:
+            return await read_one(pipe, cert_key, extra)
+        except ValueError as exc:
+            raise StoreCorrupt(f"{self._url}: {cert_key} is not a record: {exc}") from exc
+
+    def _existing(self, cert_id: str, row: Row | None) -> CertRecord:
+        if row is None:
             raise NotFound(f"{self._url}: no certificate {cert_id!r}")
         try:
-            return decode_record(cert_id, fields)
+            return decode_record(cert_id, row.meta)
         except ValueError as exc:
             raise StoreCorrupt(f"{self._url}: record {cert_id!r} has bad metadata: {exc}") from exc
 
-    def _failed(self, record: CertRecord, why: str) -> StoreError:
+    def _failed(self, record: CertRecord | WireRecord, why: str) -> StoreError:
         return StoreError(f"{self._url}: add {record.fingerprint_sha256[:16]}: {why}")
 
     def _gave_up(self, action: str, what: str) -> StoreError:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,27 +48,30 @@ from certagent.store.redis._bulk import BulkAdds
 from certagent.store.redis._cluster import ClusterWriter
 from certagent.store.redis._connection import close_client, connect, redis_errors
 from certagent.store.redis._feed import MAX_BLOCK, StreamFeed
+from certagent.store.redis._fleetkeys import RedisFleetKeys
 from certagent.store.redis._issuance import RedisAccounts, redis_issuance
 from certagent.store.redis._layout import (
     DEFAULT_PREFIX,
     F_KEY,
-    META_FIELDS,
     Keys,
     to_text,
     valid_id,
 )
+from certagent.store.redis._listing import list_ids
 from certagent.store.redis._lookup import Lookup
 from certagent.store.redis._records import (
     RecordEncoder,
     decode_record,
     expiry_score,
-    meta_fields,
     tickets_event,
 )
 from certagent.store.redis._rekey import reencrypt_all
+from certagent.store.redis._rows import Row, decode, fetch
 from certagent.store.redis._single import SingleNodeWriter
+from certagent.store.redis._snapshot import RedisSnapshotSlot
 from certagent.store.redis._tickets import RedisTicketRing
 from certagent.store.redis._writer import ATTEMPTS, Fence, RecordWriter, Stored
+from certagent.store.unreadable import UnreadableRecords
 from certagent.store.url import CLUSTER_SCHEME, redact_url
 
 __all__ = ["DEFAULT_EVENTS_MAXLEN", "RedisStore"]
@@ -115,18 +118,22 @@ class RedisStore:
         self._ring = keyring
         self._client = connect(url, self._url, timeout, timeout, health_check_interval)
         # the one place the deployment's shape picks how records are written
-        self._writer: RecordWriter = (
-            ClusterWriter(self._client, self._keys, self._url, events_maxlen)
+        single = (
+            None
             if cluster
             else SingleNodeWriter(self._client, self._keys, self._url, events_maxlen)
         )
-        self._bulk = BulkAdds(self._writer, self._url, self._ring_for, lambda: _now())
+        self._writer: RecordWriter = single or ClusterWriter(
+            self._client, self._keys, self._url, events_maxlen
+        )
+        self._bulk = BulkAdds(self._writer, self._url, self._ring_for, lambda: _now(), wire=single)
         self._tickets = RedisTicketRing(
             self._client, self._keys, self._url, self._ring_for, tickets_event
         )
         self._lookup = Lookup(
             self._client, self._keys, self._url, self._ring_for, script=not cluster
         )
+        self._fleet_keys = RedisFleetKeys(self._client, self._keys, self._url)
         self._accounts = RedisAccounts(self._client, self._keys, self._url, self._ring_for)
         self._issuance = redis_issuance(
             self._client,
@@ -135,6 +142,7 @@ class RedisStore:
             accounts=self._accounts,
             add=self._add_fenced,
             maxlen=events_maxlen,
+            cluster=cluster,
         )
         # XREAD BLOCK holds its connection for up to MAX_BLOCK: give it its own pool,
         # whose socket timeout outlasts the block.
@@ -173,11 +181,16 @@ class RedisStore:
         """Many adds per round trip (``add_many``): :mod:`certagent.store.redis._bulk`."""
         return self._bulk
 
+    def filter_snapshot(self) -> RedisSnapshotSlot:
+        """The agents' name filter snapshot: one key (:mod:`certagent.store.redis._snapshot`)."""
+        return RedisSnapshotSlot(self._client, self._keys, self._url)
+
     def issuance(self) -> Issuance:
         """The fleet's issuance roles, shared by every agent on this Redis.
 
         :mod:`certagent.store.redis._issuance` (account, registrations, limits),
-        ``._leases`` and ``._board``; every key on the ``{global}`` slot of a cluster.
+        ``._leases``, ``._board`` and ``._renewals``; every key on the ``{global}``
+        slot of a cluster.
         """
         return self._issuance
 
@@ -221,11 +234,9 @@ class RedisStore:
         if not valid_id(cert_id):
             return None
         with self._errors("get"):
-            row = await self._client.hmget(self._keys.cert(cert_id), list(META_FIELDS))
-        fields = meta_fields(row)
-        if fields is None:
-            return None
-        return self._record(cert_id, fields)
+            replies = await fetch(self._client, self._keys, [cert_id])
+        row = self._row(cert_id, replies[0])
+        return None if row is None else self._record(cert_id, row.meta)
 
     async def list(
         self,
@@ -241,43 +252,22 @@ class RedisStore:
         pattern = hostname.normalise_pattern(name) if name is not None else None
         before = expiry_score(expiring_before) if expiring_before is not None else None
         with self._errors("list"):
-            ids = await self._list_ids(pattern, before, after, limit + 1)
-            async with self._client.pipeline(transaction=False) as pipe:
-                for cert_id in ids[:limit]:
-                    pipe.hmget(self._keys.cert(cert_id), list(META_FIELDS))
-                rows = await pipe.execute()
+            found = await list_ids(self._client, self._keys, pattern, before, after, limit + 1)
+            ids = found.ids
+            rows = await fetch(self._client, self._keys, ids[:limit])
         records: builtins.list[CertRecord] = []
-        for cert_id, row in zip(ids, rows, strict=False):
-            fields = meta_fields(row)
-            if fields is None:
-                continue  # deleted since the index was read
+        for cert_id, reply in zip(ids, rows, strict=False):
             try:
-                records.append(self._record(cert_id, fields))
+                row = self._row(cert_id, reply)
+                if row is None:
+                    continue  # deleted since the index was read
+                records.append(self._record(cert_id, row.meta))
             except StoreCorrupt as exc:
                 log.warning("listing %s: %s", self._url, exc)
-        more = len(ids) > limit
-        return Page(tuple(records), encode_cursor(ids[limit - 1]) if more else None)
-
-    async def _list_ids(
-        self, pattern: str | None, before: float | None, after: str | None, count: int
-    ) -> builtins.list[str]:
-        """Up to ``count`` matching ids after ``after``, in id order."""
-        if pattern is None and before is None:
-            low = f"({after}" if after is not None else "-"
-            by_id = await self._client.zrangebylex(self._keys.ids(), low, "+", start=0, num=count)
-            return [i for i in map(to_text, by_id) if valid_id(i)]
-        if pattern is not None:
-            members = await self._client.smembers(self._keys.name(pattern))
-            ids = sorted(i for i in map(to_text, members) if valid_id(i))
-            if before is not None and ids:
-                scores = await self._client.zmscore(self._keys.expiry(), ids)
-                ids = [i for i, s in zip(ids, scores, strict=True) if s is not None and s < before]
-        else:
-            raw = await self._client.zrangebyscore(self._keys.expiry(), "-inf", f"({before}")
-            ids = sorted(i for i in map(to_text, raw) if valid_id(i))
-        if after is not None:
-            ids = [i for i in ids if i > after]
-        return ids[:count]
+        if len(ids) > limit:
+            return Page(tuple(records), encode_cursor(ids[limit - 1]))
+        # a page the scan budget ended early (expiring_before): go on after the last id read
+        return Page(tuple(records), None if found.read_to is None else encode_cursor(found.read_to))
 
     # --- writes: the writer's -------------------------------------------------------------
 
@@ -375,6 +365,21 @@ class RedisStore:
         await self._tickets.reencrypt()
         return rotated + await self._accounts.reencrypt(ring)
 
+    async def announce(self, node: str, key_ids: Sequence[str], ttl: float) -> None:
+        """:mod:`._fleetkeys`: ``node`` holds ``key_ids`` for ``ttl`` s more (Redis's clock)."""
+        await self._fleet_keys.announce(node, key_ids, ttl)
+
+    async def withdraw(self, node: str) -> None:
+        await self._fleet_keys.withdraw(node)
+
+    async def fleet_key_ids(self) -> dict[str, frozenset[str]]:
+        """The key ids each running agent announced: one round trip, O(nodes)."""
+        return await self._fleet_keys.holders()
+
+    def unreadable(self) -> UnreadableRecords:
+        """The records this store's lookups could not decrypt (bounded)."""
+        return self._lookup.unreadable
+
     async def key_ids_in_use(self, sample: int = 32) -> set[str]:
         """Data-key ids of ``sample`` random records and of the ticket ring: O(sample).
 
@@ -384,11 +389,14 @@ class RedisStore:
         with self._errors("sample the data keys in use"):
             picked = await self._client.zrandmember(self._keys.ids(), sample)
             ids = [to_text(i) for i in picked or ()]
-            async with self._client.pipeline(transaction=False) as pipe:
-                for cert_id in ids:
-                    pipe.hget(self._keys.cert(cert_id), F_KEY)
-                pipe.hmget(self._keys.tls_ring(), ["k0", "k1", "k2"])
-                *tokens, ring = await pipe.execute()
+            rows = await fetch(self._client, self._keys, ids)
+            ring = await self._client.hmget(self._keys.tls_ring(), ["k0", "k1", "k2"])
+        tokens: builtins.list[object] = []
+        for reply in rows:
+            with contextlib.suppress(ValueError):
+                row = decode(reply)
+                if row is not None:
+                    tokens.append(row.packed.key_token if row.packed else row.fields.get(F_KEY))
         found = set()
         for token in [*tokens, *ring]:
             if isinstance(token, bytes):
@@ -411,6 +419,15 @@ class RedisStore:
                 " configure key_file (create one with `certagent keys generate k1`)"
             )
         return self._ring
+
+    def _row(self, cert_id: str, reply: object) -> Row | None:
+        """A record's reply (:func:`~._rows.fetch`) decoded; StoreCorrupt if it is not one."""
+        if isinstance(reply, Exception):
+            raise StoreCorrupt(f"{self._url}: record {cert_id!r} cannot be read: {reply}")
+        try:
+            return decode(reply)
+        except ValueError as exc:
+            raise StoreCorrupt(f"{self._url}: record {cert_id!r} is corrupt: {exc}") from exc
 
     def _record(self, cert_id: str, fields: Mapping[str, bytes | None]) -> CertRecord:
         """A CertRecord from a hash's META_FIELDS; StoreCorrupt (naming the record) if invalid."""

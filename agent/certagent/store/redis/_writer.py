@@ -24,11 +24,22 @@ from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts
 from certagent.certs.pem import CertBundle
 from certagent.errors import DuplicateCertificate, LeaseLost, StoreError
-from certagent.store.base import CertRecord, IdTaken, PreparedRecord
+from certagent.store.base import AddAlone, CertRecord, IdTaken, PreparedRecord, WireRecord
 from certagent.store.issuance import Lease
 from certagent.store.issuing import lease_lost
+from certagent.store.redis._addscript import AddCall
+from certagent.store.redis._renewals import Scheduled
 
-__all__ = ["ATTEMPTS", "AddOutcome", "Fence", "RecordWriter", "Stored", "duplicate"]
+__all__ = [
+    "ATTEMPTS",
+    "AddOutcome",
+    "Fence",
+    "RecordWriter",
+    "Stored",
+    "WireOutcome",
+    "WireWriter",
+    "duplicate",
+]
 
 #: Attempts of a write whose keys keep changing under it (or whose random id is taken).
 ATTEMPTS = 5
@@ -47,12 +58,15 @@ class Fence:
 
     :meth:`~certagent.store.issuance.IssueLocks.add_issued`: a writer checks it
     atomically with the add's commit point and gives :meth:`lost` (a LeaseLost,
-    which is a StoreError) instead of writing.
+    which is a StoreError) instead of writing.  ``renew``: a schedule entry the
+    same commit writes (``add_issued(..., renew_at=...)``), so a lost lease
+    schedules nothing either.
     """
 
     key: str
     value: str
     lease: Lease
+    renew: Scheduled | None = None
 
     def lost(self, holder: bytes | str | None) -> LeaseLost:
         """The outcome when ``key`` holds ``holder`` instead (None: nothing)."""
@@ -61,6 +75,8 @@ class Fence:
 
 #: What adding one prepared record gave.
 AddOutcome = CertRecord | Stored | IdTaken | StoreError
+#: What adding one record packed ahead gave (the record itself: added).
+WireOutcome = WireRecord | Stored | IdTaken | AddAlone | StoreError
 
 
 class RecordWriter(Protocol):
@@ -110,6 +126,18 @@ class RecordWriter(Protocol):
         are left alone (the certificate did not change).  False if the record
         changed (or went) meanwhile.
         """
+        ...
+
+
+class WireWriter(Protocol):
+    """A writer that also takes writes packed ahead (:class:`~._single.SingleNodeWriter`)."""
+
+    def add_call(self) -> AddCall | None:
+        """What packs a record's add for :meth:`add_wire`; None: use ``add_batch``."""
+        ...
+
+    async def add_wire(self, records: Sequence[WireRecord]) -> list[WireOutcome]:
+        """Add records packed by :meth:`add_call`'s ``AddCall``; one outcome each, in order."""
         ...
 
 

@@ -1,0 +1,1 @@
+"""``python -m bench.renewal``: renewal at rest with 100,000 scheduled, and renewals per second."""
