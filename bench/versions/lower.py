@@ -58,8 +58,10 @@ def lower(pid: int, setting: str, realtime: bool, rt_priority: int) -> None:
         if realtime:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, tid, nice)
-    own = autogroup_nice()
-    if own is not None:  # no autogroups (a container): nice alone weighs the agent
+    if autogroup_nice(pid) is not None:  # no autogroups (a container): nice alone weighs it
+        # this process shows no autogroup of its own where it never started a session (it is
+        # then in the kernel's default group, at nice 0) while the agent, which did, has one
+        own = autogroup_nice() or 0
         set_autogroup_nice(pid, max(-20, min(19, own + nice)))
 
 

@@ -11,6 +11,7 @@ Each call costs O(events read), whatever the number of records.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 #: The longest one :meth:`StreamFeed.changes` call blocks in Redis, in seconds.
 MAX_BLOCK = 30.0
 _CHANGES_BATCH = 1000
+_CLOSE_WAIT_S = 1.0  # how long close() waits for abandoned blocking reads
 _STREAM_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})\Z")
 
 StreamId = tuple[int, int]
@@ -55,8 +57,13 @@ class StreamFeed:
         self._blocking = blocking
         self._keys = keys
         self._url = shown
+        self._reads: set[asyncio.Future[Any]] = set()
 
     async def close(self) -> None:
+        for read in self._reads:
+            read.cancel()
+        if self._reads:
+            await asyncio.wait(self._reads, timeout=_CLOSE_WAIT_S)
         await close_client(self._blocking)
 
     async def changes(self, after: str | None, timeout: float) -> tuple[tuple[Change, ...], str]:
@@ -76,13 +83,37 @@ class StreamFeed:
         block = min(timeout, MAX_BLOCK)
         if found[0] or block <= 0:
             return found
-        woken = await self._blocking.xread(
-            {stream: after}, count=1, block=max(1, int(block * 1000))
-        )
+        woken = await self._wait(stream, after, block)
         if not woken:
             return (), after
         # The blocking read only wakes us: read again with the loss check, atomically.
         return await self._read_after(after, position)
+
+    async def _wait(self, stream: str, after: str, block: float) -> Any:
+        """XREAD BLOCK in a task of its own, so that the caller's cancel ends the wait at once.
+
+        redis-py's Cluster client has let a cancel pass (twice in many CI runs) and gone on
+        blocking for the rest of the block; such an abandoned read ends by itself within
+        ``block`` on its own connection, and :meth:`close` collects it.
+        """
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError  # asked for during the read before and let pass there
+        read = asyncio.ensure_future(
+            self._blocking.xread({stream: after}, count=1, block=max(1, int(block * 1000)))
+        )
+        self._reads.add(read)
+        read.add_done_callback(self._read_done)
+        try:
+            return await asyncio.shield(read)
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+
+    def _read_done(self, read: asyncio.Future[Any]) -> None:
+        self._reads.discard(read)
+        if not read.cancelled() and (error := read.exception()) is not None:
+            log.debug("%s: a change-feed wait ended with %r", self._url, error)
 
     async def _read_after(self, after: str, position: StreamId) -> tuple[tuple[Change, ...], str]:
         """The events after ``after`` (one batch) and the stream's state, in one MULTI/EXEC."""
