@@ -73,7 +73,7 @@ def _simulate(trace: Sequence[int], capacity: int, samples: int | None) -> float
             slot_name = victim.name
         slot = Slot(slot_name, f"F{name}", name, set(), now)
         pool.place(slot)
-        chooser.loaded(pool, slot_name)
+        chooser.loaded(pool, slot_name, now)
         pool.mark_host(name, [slot], now)
         usage[name] = HostUsage(now, 1)
     return round(hits / len(trace), 4)

@@ -556,7 +556,7 @@ class Loader:
                     ocsp=ld.cert.ocsp,
                 )
             )
-            self.chooser.loaded(self.pool, ld.slot)
+            self.chooser.loaded(self.pool, ld.slot, now)
             self.counters.loads += 1
             if ld.victim is not None:
                 self.counters.recycles += 1

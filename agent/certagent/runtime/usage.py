@@ -14,9 +14,12 @@ since it was loaded (probation) goes before one that was used again
 (protected), and within each group the one idle longest goes first.  A one-off
 scan of new hosts therefore recycles other one-off hosts, not a host in steady
 use; when every candidate is protected this is plain LRU.  The slots loaded
-most recently (the last quarter of the pool's worth of loads, at most
-``RECENT_MAX``) are left out of the draw: their first client may still be on
-its way from the agent's answer to its handshake.  Beyond those, a slot whose
+most recently (the last quarter of the pool's worth of loads, and those of the
+last ``SPARED_S`` up to three quarters; at most ``RECENT_MAX``) are left out of
+the draw: their first client may still be on its way from the agent's answer
+to its handshake.  In a storm of new hosts larger than the pool, every slot
+then stays about as long as the pool's worth of loads takes, not a quarter of
+that for the unlucky ones a sample finds.  Beyond those, a slot whose
 hosts had several clients answered "ok" in the ``ASKED_WINDOW_S`` before the
 usage read, more than their entries counted connections then (the second client
 of a coalesced load still on its way, on a loaded machine), goes last of all:
@@ -50,8 +53,11 @@ from certagent.runtime.pool import Slot, SlotPool
 #: Slots drawn at random per choice, and best leftovers kept for the next one.
 SAMPLES = 8
 KEEP_BEST = 8
-#: At most this many of the latest loads are spared (a quarter of the pool below that).
+#: The latest loads spared: a quarter of the pool, and beyond that those of the last
+#: ``SPARED_S`` seconds up to three quarters of it (a storm turning the pool over quickly);
+#: never more than ``RECENT_MAX`` (each choice excludes them: its cost grows with their number).
 RECENT_MAX = 1024
+SPARED_S = 0.5
 #: A read-ahead older than this (seconds) is not used: the next choice reads afresh.
 AHEAD_TTL = 0.5
 
@@ -118,7 +124,7 @@ class VictimChooser:
         self.keep_best = keep_best
         self._rng = rng or random.Random()  # noqa: S311 (sampling, not secrets)
         self._best: dict[str, Slot] = {}
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._recent: OrderedDict[str, float] = OrderedDict()  # slot -> when loaded
         # read-ahead: candidates with their hosts as drawn, their usage, when read
         self._drawn: list[tuple[Slot, frozenset[str]]] = []
         self._ahead: tuple[list[tuple[Slot, frozenset[str]]], dict[str, HostUsage], float] = (
@@ -161,12 +167,16 @@ class VictimChooser:
             return None
         return self.choose(valid, count, usage, read_at)
 
-    def loaded(self, pool: SlotPool, name: str) -> None:
-        """Slot ``name`` was just loaded: spare it for a while (O(1))."""
-        self._recent[name] = None
+    def loaded(self, pool: SlotPool, name: str, now: float) -> None:
+        """Slot ``name`` was loaded at ``now``: spare it for a while (amortised O(1))."""
+        self._recent[name] = now
         self._recent.move_to_end(name)
         spared = min(RECENT_MAX, pool.capacity // 4)
+        most = min(RECENT_MAX, 3 * pool.capacity // 4)
         while len(self._recent) > spared:
+            oldest = next(iter(self._recent.values()))
+            if len(self._recent) <= most and now - oldest < SPARED_S:
+                break
             self._recent.popitem(last=False)
 
     def candidates(self, pool: SlotPool, count: int, keep: Iterable[str] = ()) -> list[Slot]:

@@ -6,7 +6,13 @@ import random
 
 from certagent.runtime import protocol
 from certagent.runtime.pool import ASKED_WINDOW_S, ASKS_KEPT, Slot, SlotPool
-from certagent.runtime.usage import HostUsage, VictimChooser, usage_from_entry, value
+from certagent.runtime.usage import (
+    SPARED_S,
+    HostUsage,
+    VictimChooser,
+    usage_from_entry,
+    value,
+)
 
 PREFIX = "/certagent/slot-"
 
@@ -171,14 +177,31 @@ def test_the_latest_loads_are_spared_until_nothing_else_is_left() -> None:
     """A slot loaded a moment ago may still await its client's handshake."""
     pool = pool_of(8)
     chooser = VictimChooser(samples=8, rng=random.Random(4))
-    chooser.loaded(pool, pool.slot_name(7))
-    chooser.loaded(pool, pool.slot_name(8))
-    chooser.loaded(pool, pool.slot_name(6))  # a quarter of 8: the last two are spared
+    chooser.loaded(pool, pool.slot_name(7), 10.0)
+    chooser.loaded(pool, pool.slot_name(8), 20.0)
+    chooser.loaded(pool, pool.slot_name(6), 30.0)  # a quarter of 8: the last two are spared
     names = {s.name for s in chooser.candidates(pool, 1)}
     assert names == {pool.slot_name(n) for n in (1, 2, 3, 4, 5, 7)}
     # everything else kept by the caller: the oldest spared one is offered
     keep = [pool.slot_name(n) for n in (1, 2, 3, 4, 5, 7)]
     assert [s.name for s in chooser.candidates(pool, 1, keep)] == [pool.slot_name(8)]
+
+
+def test_a_storm_spares_the_loads_of_the_last_moment_up_to_three_quarters_of_the_pool() -> None:
+    """Loads faster than a quarter of the pool per SPARED_S: each slot still lives that long."""
+    pool = pool_of(8)
+    chooser = VictimChooser(samples=8, rng=random.Random(5))
+    step = SPARED_S / 10
+    for n in range(1, 9):  # every slot loaded within SPARED_S, one step apart
+        chooser.loaded(pool, pool.slot_name(n), 100.0 + n * step)
+    # three quarters of 8 spared: the two oldest loads are the only candidates
+    assert {s.name for s in chooser.candidates(pool, 1)} == {pool.slot_name(1), pool.slot_name(2)}
+    # a load SPARED_S later: the ones before it are past the moment, a quarter stays spared
+    chooser.loaded(pool, pool.slot_name(1), 100.0 + 8 * step + SPARED_S)
+    spared = {pool.slot_name(n) for n in (8, 1)}
+    assert {s.name for s in chooser.candidates(pool, 1)} == {
+        pool.slot_name(n) for n in range(1, 9)
+    } - spared
 
 
 def test_a_read_ahead_is_used_only_while_fresh_and_only_where_it_still_holds() -> None:
