@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +30,7 @@ from certagent.certs.validate import UploadPolicy
 from certagent.config import Settings
 from certagent.store import open_configured
 from certagent.store.base import CertRecord, Store
+from certagent.store.renewals import Managed
 
 Client = TestClient[web.Request, web.Application]
 
@@ -77,8 +78,17 @@ class Listening:
 
 
 @asynccontextmanager
-async def listening_api(store_url: str, key_file: Path, tmp_path: Path) -> AsyncIterator[Listening]:
-    """``start_api`` on a free loopback port with one token; no HAProxy (nothing loaded)."""
+async def listening_api(
+    store_url: str,
+    key_file: Path,
+    tmp_path: Path,
+    *,
+    manage: Callable[[Store], Callable[[str], Awaitable[Managed]]] | None = None,
+) -> AsyncIterator[Listening]:
+    """``start_api`` on a free loopback port with one token; no HAProxy (nothing loaded).
+
+    ``manage``: given the store, what ``PUT /v1/renewals/{name}`` calls (None: renewal off).
+    """
     tokens = tmp_path / "tokens"
     token = add_token(tokens, "tests")
     settings = Settings(
@@ -92,7 +102,13 @@ async def listening_api(store_url: str, key_file: Path, tmp_path: Path) -> Async
     async def nothing_loaded() -> list[LoadedSlot]:
         return []
 
-    server = await start_api(settings, store, loaded=nothing_loaded, ready=lambda: True)
+    server = await start_api(
+        settings,
+        store,
+        loaded=nothing_loaded,
+        ready=lambda: True,
+        manage=manage(store) if manage is not None else None,
+    )
     assert server is not None
     try:
         yield Listening(server, token, settings, store)
@@ -108,6 +124,7 @@ async def running_api(
     *,
     policy: UploadPolicy | None = None,
     now: Callable[[], datetime] | None = None,
+    manage: Callable[[str], Awaitable[Managed]] | None = None,
 ) -> AsyncIterator[Api]:
     tokens_file = tmp_path / "api-tokens"
     token = add_token(tokens_file, "tests")
@@ -123,6 +140,7 @@ async def running_api(
         loaded=loaded,
         ready=lambda: holder[0].haproxy_up,
         now=now or (lambda: datetime.now(UTC)),
+        manage=manage,
     )
     async with TestClient(ProblemTestServer(app, host="127.0.0.1")) as client:
         api = Api(client, token, store, tokens_file)

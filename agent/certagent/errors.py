@@ -20,6 +20,10 @@ class InvalidHostname(AgentError):
     """A hostname (SNI, store key, certificate name) failed validation."""
 
 
+class NotPermitted(AgentError):
+    """No permission policy allows the agents to order a certificate for this name."""
+
+
 # --- certificates -------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ schemathesis.serializer.alias(
 SEMANTIC: dict[int, frozenset[str]] = {
     400: frozenset({"bad-pem", "invalid-cursor"}),
     404: frozenset({"not-found"}),
-    409: frozenset({"duplicate-certificate", "read-only-record"}),
+    409: frozenset({"duplicate-certificate", "read-only-record", "renewal-off"}),
     413: frozenset({"too-large"}),
     422: frozenset({*UPLOAD_CODES, "bad-ocsp"}),
 }

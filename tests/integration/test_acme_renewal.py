@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import pytest
 from cryptography import x509
 
 from certagent.acme.ari import cert_id
+from certagent.api import add_token
 from certagent.testing import RedisFixture, Stack, tlsclient, wait_for
 from certagent.testing.acmeproxy import AcmeProxy
 from certagent.testing.askendpoint import AskEndpoint
@@ -207,46 +211,71 @@ def test_each_certificate_is_renewed_once_and_swapped_on_every_node_without_a_bl
 # --- opting an imported certificate in ------------------------------------------------------
 
 
-def test_an_imported_certificate_opted_in_is_renewed_from_the_ca(
+def test_imported_certificates_opted_in_by_cli_and_api_are_renewed_from_the_ca(
     make_stack: StackFactory, redis_store: RedisFixture, pebble: Pebble, tmp_path: Path
 ) -> None:
     root = trust(pebble, tmp_path)
-    name = "imported.renew.test"
+    by_cli, by_api = "imported.renew.test", "api.renew.test"
     now = dt.datetime.now(dt.UTC)
-    chain, key = issue(
-        make_ca(),
-        name,
-        not_before=now - dt.timedelta(seconds=30),
-        not_after=now + dt.timedelta(seconds=60),  # half its lifetime: 15 s from now
-    )
-    (tmp_path / "imported.pem").write_bytes(chain + key)
+    for name in (by_cli, by_api):
+        chain, key = issue(
+            make_ca(),
+            name,
+            not_before=now - dt.timedelta(seconds=30),
+            not_after=now + dt.timedelta(seconds=60),  # half its lifetime: 15 s from now
+        )
+        (tmp_path / f"{name}.pem").write_bytes(chain + key)
+    tokens = tmp_path / "tokens"
+    token = add_token(tokens, "platform")
+    bind = f"127.0.0.1:{free_port()}"
+    api = {"CERTAGENT_API_TOKENS_FILE": str(tokens), "CERTAGENT_API_BIND": bind}
     with AskEndpoint(allow=lambda n: n.endswith(".renew.test")) as ask:
-        stack = fleet_node(make_stack, redis_store, pebble, ask.url, on_ca_ports=True)
-        added = stack.command("cert", "add", "--cert", str(tmp_path / "imported.pem"))
-        assert added.returncode == 0, added.stderr
-        managed = stack.command("cert", "manage", name, "nothing.renew.test")
+        stack = fleet_node(make_stack, redis_store, pebble, ask.url, on_ca_ports=True, env=api)
+        for name in (by_cli, by_api):
+            added = stack.command("cert", "add", "--cert", str(tmp_path / f"{name}.pem"))
+            assert added.returncode == 0, added.stderr
+        managed = stack.command("cert", "manage", by_cli, "nothing.renew.test")
         assert managed.returncode == 1  # one name has no certificate: said, and the exit says so
-        assert f"{name}: managed; renewal at" in managed.stdout, managed.stdout
+        assert f"{by_cli}: managed; renewal at" in managed.stdout, managed.stdout
         assert "nothing.renew.test: the store has no certificate" in managed.stderr
+        status, body = put(f"http://{bind}/v1/renewals/{by_api}", token)
+        assert status == 200 and body["name"] == by_api, body
+        status, body = put(f"http://{bind}/v1/renewals/nothing.renew.test", token)
+        assert (status, body["code"]) == (404, "not-found"), body
         shown = stack.cli("status").stdout
-        assert "renewal      1 scheduled" in shown, shown
+        assert "renewal      2 scheduled" in shown, shown
 
-        def from_pebble() -> tlsclient.CertInfo | None:
+        def from_pebble(name: str) -> tlsclient.CertInfo | None:
             try:
                 return issued(stack, name, root, timeout=5)
             except OSError:
                 return None
 
-        renewed = wait_for(from_pebble, 45, f"{name} renewed from pebble")
-        assert renewed.san == (name,)
+        for name in (by_cli, by_api):
+            renewed = wait_for(functools.partial(from_pebble, name), 45, f"{name} renewed")
+            assert renewed.san == (name,)
         events = [
             line[:250]
             for line in stack.agent_log().splitlines()
             if "issued" in line or "failed" in line or "renew" in line.split(":", 3)[-1][:40]
         ]
-        assert pebble.orders() == 1, "\n".join(events)
+        assert pebble.orders() == 2, "\n".join(events)
         listed = json.loads(stack.command("cert", "ls", "--json").stdout)
-        assert [(r["names"], r["managed"]) for r in listed] == [([name], "acme")]  # old deleted
+        assert sorted((r["names"], r["managed"]) for r in listed) == [
+            ([by_api], "acme"),
+            ([by_cli], "acme"),
+        ]  # the imported ones deleted
+
+
+def put(url: str, token: str) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"}, method="PUT"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 # --- Must show 2 -------------------------------------------------------------------------------
@@ -371,9 +400,7 @@ def _killed_node(
         for name in names:
             assert renewed_at < not_after(first[name])
             assert not_after(issued(b, name, root)) > not_after(first[name])
-        failures = [
-            line for s in (b, c) for line in s.agent_log().splitlines() if "failed" in line
-        ]
+        failures = [line for s in (b, c) for line in s.agent_log().splitlines() if "failed" in line]
         assert pebble.orders() == 2 * len(names), failures  # A never reached the CA
         assert b.status()["issuance"]["renewal"]["done"] + c.status()["issuance"]["renewal"][
             "done"
@@ -432,9 +459,7 @@ def test_an_ari_window_moved_earlier_renews_within_it(
             )
             # within the window (give or take a tick and the order's own seconds)
             assert state["start"] - 0.5 <= ordered_at <= state["end"] + 2.0
-            wait_for(
-                lambda: issued(stack, name, root).serial != old.serial or None, 10, "swapped"
-            )
+            wait_for(lambda: issued(stack, name, root).serial != old.serial or None, 10, "swapped")
             assert proxy.new_orders[-1].get("replaces") == cert_id(
                 x509.load_der_x509_certificate(old.der)
             )
@@ -443,4 +468,3 @@ def test_an_ari_window_moved_earlier_renews_within_it(
 
 def _iso(at: float) -> str:
     return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-

@@ -18,13 +18,18 @@ import os
 import re
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from certagent.certs.pem import parse_bundle
+from certagent.service.manage import manage_name
+from certagent.service.permission import Permission
+from certagent.service.renewtime import RenewPolicy
+from certagent.store.base import Store
+from certagent.store.renewals import Managed
 from certagent.testing.certs import CA, issue, make_ca
 from tests.apihelp import listening_api
 from tests.integration.conftest import RedisFixture
@@ -45,15 +50,38 @@ class Served:
     token: str
     kept_id: str  # GET and PUT get it for half their {id} values
     doomed_id: str  # so does DELETE
+    renewals: Renewals  # what PUT /v1/renewals/{name} scheduled
+
+
+@dataclass
+class Renewals:
+    """``PUT /v1/renewals/{name}`` as on an agent with an ACME CA: names under example.test
+    are allowed (the stored ones are reached through the links schemathesis infers from the
+    certificates' names)."""
+
+    managed: list[str] = field(default_factory=list)
+
+    def __call__(self, store: Store) -> Callable[[str], Awaitable[Managed]]:
+        async def manage(name: str) -> Managed:
+            done = await manage_name(
+                store, Permission(suffixes=("example.test",)), RenewPolicy(), name
+            )
+            self.managed.append(done.name)
+            return done
+
+        return manage
 
 
 @pytest.fixture
 async def served(redis_store: RedisFixture, tmp_path: Path) -> AsyncIterator[Served]:
-    async with listening_api(redis_store.url, redis_store.key_file, tmp_path) as api:
+    renewals = Renewals()
+    async with listening_api(
+        redis_store.url, redis_store.key_file, tmp_path, manage=renewals
+    ) as api:
         ca: CA = make_ca("schemathesis CA")
         kept = await api.store.add(parse_bundle(*issue(ca, "kept.example.test")))
         doomed = await api.store.add(parse_bundle(*issue(ca, "doomed.example.test")))
-        yield Served(api.server.url, api.token, kept.id, doomed.id)
+        yield Served(api.server.url, api.token, kept.id, doomed.id, renewals)
 
 
 def _config(served: Served, workdir: Path) -> Path:
@@ -137,3 +165,5 @@ async def test_schemathesis_finds_no_failure(served: Served, tmp_path: Path) -> 
     counts = re.search(r"(\d+) generated, (\d+) passed", report)
     assert counts is not None, report[-2_000:]
     assert int(counts[1]) == int(counts[2]) > 500, report[-2_000:]
+    # the renewal route scheduled stored names, not only refused others
+    assert {"kept.example.test", "doomed.example.test"} & set(served.renewals.managed)

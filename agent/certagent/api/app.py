@@ -22,12 +22,14 @@ from certagent.certs.validate import UploadPolicy
 from certagent.config import Settings, parse_bind
 from certagent.errors import AgentError, BundleTooLarge, ConfigError
 from certagent.store.base import Store
+from certagent.store.renewals import Managed
 
 from .auth import TokenFile, bearer_token
 from .body import http_body_limit, upload_policy
 from .domains import domain_routes
 from .loaded import LoadedSlot
 from .problems import BadToken, MissingToken, problem_for, problem_for_http
+from .renewals import renewal_routes
 from .server import ProblemRunner, log_problem
 from .views import CONTEXT, TOKEN_NAME, ApiContext, routes
 
@@ -35,7 +37,7 @@ __all__ = ["ApiServer", "make_app", "openapi_document", "start_api"]
 
 log = logging.getLogger(__name__)
 
-ROUTES = (*routes, *domain_routes)
+ROUTES = (*routes, *domain_routes, *renewal_routes)
 PUBLIC_ROUTES = frozenset(name for _, _, _, name, auth in ROUTES if not auth)
 #: How long aiohttp keeps reading (and discarding) the rest of a refused body, so the
 #: client sees the error instead of a reset connection.
@@ -62,6 +64,7 @@ def make_app(
     ready: Callable[[], bool],
     now: Callable[[], datetime] = _utcnow,
     metrics: Callable[[], Awaitable[bytes]] | None = None,
+    manage: Callable[[str], Awaitable[Managed]] | None = None,
 ) -> web.Application:
     """The aiohttp application (tests run it in a TestServer; :func:`start_api` serves it)."""
     body_limit = http_body_limit(policy.max_bytes)
@@ -76,6 +79,7 @@ def make_app(
         now=now,
         openapi=openapi_document(),
         metrics=metrics or _no_metrics,
+        manage=manage,
     )
     for method, path, handler, name, _ in ROUTES:
         app.router.add_route(method, path, handler, name=name, expect_handler=_expect)
@@ -112,6 +116,7 @@ async def start_api(
     ready: Callable[[], bool],
     now: Callable[[], datetime] = _utcnow,
     metrics: Callable[[], Awaitable[bytes]] | None = None,
+    manage: Callable[[str], Awaitable[Managed]] | None = None,
 ) -> ApiServer | None:
     """Serve the REST API on ``settings.api_bind``; None if ``api_tokens_file`` is not set.
 
@@ -130,6 +135,7 @@ async def start_api(
         ready=ready,
         now=now,
         metrics=metrics,
+        manage=manage,
     )
     host, port = parse_bind(settings.api_bind)
     runner = ProblemRunner(

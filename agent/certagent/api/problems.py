@@ -45,6 +45,7 @@ from certagent.errors import (
     InvalidHostname,
     MultipleKeys,
     NotFound,
+    NotPermitted,
     PemError,
     ReadOnlyRecord,
     StoreError,
@@ -62,6 +63,7 @@ __all__ = [
     "MissingToken",
     "NotReady",
     "Problem",
+    "RenewalOff",
     "UnsupportedMediaType",
     "UriTooLong",
     "problem_for",
@@ -119,6 +121,13 @@ class NotReady(ApiError):
     code = "not-ready"
 
 
+class RenewalOff(ApiError):
+    """A renewal asked of an agent that has no ACME CA configured."""
+
+    status = 409
+    code = "renewal-off"
+
+
 class AlreadyStored(DuplicateCertificate):
     """The store already holds this certificate (409).
 
@@ -137,6 +146,7 @@ _STATUS: dict[type[AgentError], int] = {
     PemError: 400,
     CertificateError: 422,
     InvalidHostname: 400,
+    NotPermitted: 403,
     InvalidCursor: 400,
     NotFound: 404,
     ReadOnlyRecord: 409,
@@ -149,6 +159,7 @@ _STATUS: dict[type[AgentError], int] = {
 }
 _CODE: dict[type[AgentError], str] = {
     InvalidHostname: "invalid-hostname",
+    NotPermitted: "not-permitted",
     InvalidCursor: "invalid-cursor",
     NotFound: "not-found",
     ReadOnlyRecord: "read-only-record",
@@ -169,6 +180,8 @@ TITLES: Mapping[str, str] = {
     "uri-too-long": "Request line too long",
     "header-too-large": "Request header too large",
     "not-ready": "Not ready",
+    "renewal-off": "No ACME CA configured",
+    "not-permitted": "Not allowed by the permission policy",
     "not-found": "Not found",
     "method-not-allowed": "Method not allowed",
     "too-large": "Upload too large",

@@ -16,6 +16,7 @@ from certagent.certs.pem import CertBundle
 from certagent.certs.validate import UploadPolicy, validate_upload
 from certagent.errors import AgentError, DuplicateCertificate, NotFound
 from certagent.store.base import CertRecord, Store
+from certagent.store.renewals import Managed
 
 from .auth import TokenFile
 from .body import read_ocsp, read_upload
@@ -46,6 +47,8 @@ class ApiContext:
     openapi: bytes
     #: the Prometheus exposition text (service/metrics.py), rendered per scrape
     metrics: Callable[[], Awaitable[bytes]]
+    #: opts a name into ACME renewal (service/manage.py); None without an ACME CA
+    manage: Callable[[str], Awaitable[Managed]] | None = None
 
 
 CONTEXT = web.AppKey("certagent_api", ApiContext)

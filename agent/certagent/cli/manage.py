@@ -1,28 +1,25 @@
 """``certagent cert manage NAME...``: opt imported certificates into the agent's ACME renewal.
 
-For each name, the certificate the store serves for it is marked ACME-managed and
-the name is put on the renewal schedule at the certificate's default renewal time
-(two thirds of its lifetime, one half under 10 days, with the configured jitter;
-at once if that has passed).  From then on the agents renew it like a certificate
-they issued: each renewal orders the name alone, under the permission policy.
+Each name goes through :func:`certagent.service.manage.manage_name` (the REST API's
+``PUT /v1/renewals/{name}`` does the same on a running agent).  Without an ask
+endpoint the permission policy is checked here; with one, the agents ask it at
+renewal.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from certagent import config
-from certagent.certs import hostname
 from certagent.errors import AgentError, ConfigError
+from certagent.service.manage import manage_name
 from certagent.service.permission import Permission, parse_suffixes
 from certagent.service.renewer import renewer_settings
-from certagent.service.renewtime import cert_rng
 from certagent.store import open_configured
-from certagent.store.base import Store
+from certagent.store.renewals import Managed
 
 __all__ = ["add_manage_parser", "run_manage"]
 
@@ -68,10 +65,11 @@ async def run_manage(args: argparse.Namespace) -> int:
                 registry=issuance.domains if settings.acme_registered else None,
             )
         )
+        policy = renewer_settings(settings).policy
         failed = 0
         for raw in args.names:
             try:
-                print(await _manage(store, settings, permission, raw))
+                print(_shown(await manage_name(store, permission, policy, raw)))
             except AgentError as exc:
                 print(f"certagent: error: {raw}: {exc}", file=sys.stderr)
                 failed += 1
@@ -80,35 +78,10 @@ async def run_manage(args: argparse.Namespace) -> int:
         await store.close()
 
 
-async def _manage(
-    store: Store, settings: config.Settings, permission: Permission | None, raw: str
-) -> str:
-    name = hostname.normalise(raw)
-    issuance = store.issuance()
-    assert issuance is not None
-    if permission is not None:
-        decision = await permission.decide(name)
-        if not decision.allowed:
-            raise ConfigError(
-                "no permission policy allows it, so the agents would not renew it: register it"
-                f" ('certagent domain add {name}') or add its domain to acme_allow_suffixes"
-            )
-    found = [s for s in await store.lookup_all(name) if name in s.bundle.names]
-    if not found:
-        raise ConfigError(
-            "the store has no certificate for this exact name (import it first with"
-            " 'certagent cert add' or 'cert import')"
-        )
-    best = found[0].bundle
-    policy = renewer_settings(settings).policy
-    renew_at = policy.default_at(
-        best.not_before.timestamp(), best.not_after.timestamp(), cert_rng(f"{best.serial:X}")
-    )
-    renew_at = max(renew_at, time.time())
-    await issuance.renewals.manage(name, renew_at)
+def _shown(managed: Managed) -> str:
     return (
-        f"{name}: managed; renewal at {_iso(renew_at)}"
-        f" (certificate {found[0].id} expires {best.not_after.isoformat(timespec='seconds')})"
+        f"{managed.name}: managed; renewal at {_iso(managed.renew_at)} (certificate"
+        f" {managed.certificate} expires {managed.expires.isoformat(timespec='seconds')})"
     )
 
 

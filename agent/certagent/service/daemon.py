@@ -33,6 +33,7 @@ from certagent.service.expiry import ExpiryWatch
 from certagent.service.flood import LookupBudget
 from certagent.service.instance import InstanceLock
 from certagent.service.live import LiveUpdater
+from certagent.service.manage import manage_name
 from certagent.service.metrics import render as render_metrics
 from certagent.service.namefilter import NameFilter, NotingStore, keep_built, keep_saved
 from certagent.service.notify import notify
@@ -42,6 +43,7 @@ from certagent.service.rewarm import Rewarmer
 from certagent.service.tickets import RingStore, TicketKeeper
 from certagent.store import open_configured
 from certagent.store.base import Store
+from certagent.store.renewals import Managed
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +296,15 @@ class Agent:
         """``GET /metrics``: the status snapshot in Prometheus' text format."""
         return render_metrics(await self.status())
 
+    async def manage(self, name: str) -> Managed:
+        """``PUT /v1/renewals/{name}``: opt the name's stored certificate into renewal,
+        under this agent's whole permission policy (its ask endpoint included)."""
+        assert self.ondemand is not None  # the route is wired only with issuance on
+        permission = self.ondemand.issuer.permission
+        return await manage_name(
+            self.store, permission, renewer_settings(self.settings).policy, name
+        )
+
     async def loaded(self) -> list[LoadedSlot]:
         """What HAProxy holds now, for ``GET /v1/loaded``."""
         hits = await self._hits("loaded")
@@ -368,6 +379,7 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         loaded=agent.loaded,
         ready=lambda: agent.loader.identity is not None,
         metrics=agent.metrics,
+        manage=agent.manage if agent.ondemand is not None else None,
     )
     metrics = (
         await start_metrics(settings.metrics_bind, agent.metrics) if settings.metrics_bind else None

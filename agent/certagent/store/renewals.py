@@ -27,9 +27,10 @@ Times are Unix seconds (``time.time()``); every method raises
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
-__all__ = ["BudgetWindow", "DueRenewal", "Renewals"]
+__all__ = ["BudgetWindow", "DueRenewal", "Managed", "Renewals"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,16 @@ class DueRenewal:
     name: str
     renew_at: float
     not_after: float
+
+
+@dataclass(frozen=True)
+class Managed:
+    """A name opted into renewal: when, and which stored certificate it renews."""
+
+    name: str
+    renew_at: float
+    certificate: str  # the record's id
+    expires: datetime
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""``/v1/renewals/{name}``: opt an imported certificate into the agents' ACME renewal.
+
+``PUT /v1/renewals/{name}`` does what ``certagent cert manage NAME`` does, on a
+running agent (:func:`certagent.service.manage.manage_name`, injected by the
+daemon as :attr:`~certagent.api.views.ApiContext.manage`): the certificate the
+store serves for the name becomes ACME-managed and the name is scheduled for
+renewal at that certificate's default time.  Idempotent: a second PUT schedules
+the name again at the same time.  An agent without ``acme_directory`` renews
+nothing and answers 409 ``renewal-off``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from certagent.certs import hostname
+from certagent.store.renewals import Managed
+
+from .problems import RenewalOff
+from .views import CONTEXT, TOKEN_NAME
+
+__all__ = ["managed_json", "renewal_routes"]
+
+log = logging.getLogger(__name__)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def managed_json(managed: Managed) -> dict[str, object]:
+    return {
+        "name": managed.name,
+        "renew_at": _iso(datetime.fromtimestamp(managed.renew_at, UTC)),
+        "certificate": managed.certificate,
+        "expires": _iso(managed.expires),
+    }
+
+
+async def manage(request: web.Request) -> web.Response:
+    name = hostname.normalise(request.match_info["name"])
+    opt_in = request.app[CONTEXT].manage
+    if opt_in is None:
+        raise RenewalOff(
+            "this agent renews nothing: it has no acme_directory (see docs/acme.md, renewal)"
+        )
+    managed = await opt_in(name)
+    log.info(
+        "%s opted into renewal: certificate %s, renewal at %s (token %s)",
+        name,
+        managed.certificate,
+        _iso(datetime.fromtimestamp(managed.renew_at, UTC)),
+        TOKEN_NAME.get(),
+    )
+    return web.json_response(managed_json(managed))
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: (method, path, handler, route name, needs a token), as :data:`certagent.api.views.routes`
+renewal_routes: tuple[tuple[str, str, Handler, str, bool], ...] = (
+    ("PUT", "/v1/renewals/{name}", manage, "renewal", True),
+)
