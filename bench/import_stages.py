@@ -14,18 +14,23 @@ sent as a small ``WireRecord``, the certificates' DER taken from the check.
 The two take turns, ``--passes`` times over the same ``--count`` files, with
 the costs no import can skip measured alone in between: the leaf's ECDSA
 signature verification and the private key's load.  Medians of the passes, in
-µs per file.  The importing process (sending to Redis) and redis-server are
-not here: see ``bench.import_rate``; the floor of the whole import:
-``bench.import_floor``.
+µs per file.  ``--profile``: then ``prepare_batch`` itself, as a worker runs
+it (batches of 200, ``BatchJob`` and all), under cProfile: the functions with
+the most time of their own, in µs per file (the profiler's overhead
+included: read the shares).  The importing process (sending to Redis) and
+redis-server are not here: see ``bench.import_rate``; the floor of the whole
+import: ``bench.import_floor``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import json
 import os
 import pickle
+import pstats
 import statistics
 import sys
 import time
@@ -42,10 +47,11 @@ from bench.import_rate import DEFAULT_CACHE, certificates
 from certagent.certs.bulkcheck import UploadChecker
 from certagent.certs.keycrypt import KeyRing, generate_key_line
 from certagent.certs.validate import UploadPolicy
-from certagent.cli._import_work import read_file
+from certagent.cli._import_work import BatchJob, prepare_batch, read_file
 from certagent.store.redis import AddCall, Keys, RecordEncoder
 
 STAGES = ("read", "validate", "encode", "pickle")
+TOP = 20
 
 
 def one_pass(paths: list[Path], after: bool, encoder: RecordEncoder) -> dict[str, float]:
@@ -73,6 +79,35 @@ def one_pass(paths: list[Path], after: bool, encoder: RecordEncoder) -> dict[str
     return {stage: seconds / len(paths) * 1e6 for stage, seconds in spent.items()}
 
 
+def worker_profile(paths: list[Path], encoder: RecordEncoder) -> list[dict[str, Any]]:
+    """``prepare_batch`` over ``paths`` in batches of 200 under cProfile: the top own times."""
+    now = datetime.now(UTC)
+    jobs = [
+        BatchJob(
+            tuple((str(p), None) for p in paths[i : i + 200]),
+            UploadPolicy(), encoder, now, now.replace(microsecond=0),
+        )
+        for i in range(0, len(paths), 200)
+    ]  # fmt: skip
+    prepare_batch(jobs[0])  # the worker's checker and packer made, as after its first batch
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for job in jobs:
+        prepare_batch(job)
+    profiler.disable()
+    table: dict[Any, Any] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:TOP]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls": calls,
+            "own_us_per_file": round(own_s / len(paths) * 1e6, 1),
+            "cumulative_us_per_file": round(cum_s / len(paths) * 1e6, 1),
+        }
+        for (file, line, name), (_, calls, own_s, cum_s, _) in rows
+    ]
+
+
 def primitives(path: Path, rounds: int = 2000) -> dict[str, float]:
     """The leaf's ECDSA verification and the key's load, alone in a loop, µs each."""
     data = path.read_bytes()
@@ -97,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=2000, help="files per pass (2,000)")
     p.add_argument("--passes", type=int, default=3, help="passes of each (3)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    p.add_argument("--profile", action="store_true", help="then prepare_batch under cProfile")
     p.add_argument("--out", type=Path, default=None, help=f"write results there ({RESULTS})")
     args = p.parse_args(argv)
     source = certificates(args.cache, args.count, "ec", True)
@@ -124,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         "medians_us": medians,
         "passes": runs,
     }
+    if args.profile:
+        say("import_stages: prepare_batch under cProfile")
+        result["profile"] = worker_profile(paths, encoder)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:
@@ -154,6 +193,20 @@ def markdown(result: dict[str, Any]) -> str:
         f"Alone in a loop: the leaf's ECDSA P-256 verification {m['alone']['ecdsa_verify']} µs,"
         f" the private key's load {m['alone']['key_load']} µs.",
     ]
+    if "profile" in result:
+        lines += [
+            "",
+            "`prepare_batch` as a worker runs it, under cProfile (the profiler's overhead"
+            " included: read the shares), µs per file:",
+            "",
+            "| function | calls | own | cumulative |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| `{r['function']}` | {r['calls']:,} | {r['own_us_per_file']}"
+                f" | {r['cumulative_us_per_file']} |"
+                for r in result["profile"]
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 

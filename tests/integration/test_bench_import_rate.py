@@ -59,14 +59,19 @@ def test_import_rate_before_runs_both_by_turns(tmp_path: Path) -> None:
 def test_import_stages_prints_a_median_per_stage(tmp_path: Path) -> None:
     argv = [
         sys.executable, "-m", "bench.import_stages", "--count", "30", "--passes", "1",
-        "--cache", str(tmp_path / "cache"),
+        "--cache", str(tmp_path / "cache"), "--profile", "--out", str(tmp_path / "out"),
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    medians = json.loads(proc.stdout)["medians_us"]
+    result = json.loads(proc.stdout)
+    medians = result["medians_us"]
     for which in ("before", "after"):
         assert set(medians[which]) == {"read", "validate", "encode", "pickle", "total"}
         assert medians[which]["total"] > 0
+    functions = [row["function"] for row in result["profile"]]
+    assert any("verify" in f for f in functions)  # the ECDSA verification: the largest own time
+    (written,) = (tmp_path / "out").glob("*-import-stages*.md")
+    assert "`prepare_batch` as a worker runs it" in written.read_text()
 
 
 def test_import_floor_prints_each_operation_and_the_floor(tmp_path: Path) -> None:

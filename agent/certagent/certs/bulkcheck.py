@@ -27,6 +27,7 @@ the names per upload; memory: at most :data:`CACHED` chain certificates.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import itertools
 from datetime import datetime
@@ -35,18 +36,19 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import SignatureAlgorithmOID
 
-from certagent.certs.ocsp import responder_url
+from certagent.certs.ocsp import aia_responder_url
 from certagent.certs.pem import (
     CERTIFICATE,
     KEY_LABELS,
     CertBundle,
     RsaKeyCheck,
-    check_not_ca,
     key_type_of,
     load_private_key,
     names_of,
+    normalise_names,
     probe_rsa_key,
     split_blocks,
 )
@@ -76,6 +78,7 @@ class UploadChecker:
         self.rsa_key_check: RsaKeyCheck = rsa_key_check
         self._chain: dict[bytes, _ChainCert] = {}  # by block text
         self._links: dict[tuple[bytes, bytes], bool] = {}  # (cert DER, issuer DER) -> issued
+        self._curves: dict[str, str | None] = {}  # EC curve -> key type; None: refused
 
     def validate(self, chain_pem: bytes, key_pem: bytes | None, *, now: datetime) -> CertBundle:
         """The bundle, or the error :func:`validate_upload` raises for this upload."""
@@ -104,20 +107,27 @@ class UploadChecker:
                 or any(_odd_key(label) for label, _ in blocks)
             ):
                 return None
-            leaf = x509.load_pem_x509_certificate(cert_texts[0])
+            der = _pem_der(cert_texts[0])
+            if der is None:
+                return None
+            leaf = x509.load_der_x509_certificate(der)  # so ``der`` is the leaf, byte for byte
             chain = [self._chain_cert(text) for text in cert_texts[1:]]
             key = load_private_key(key_texts[0], unchecked_rsa=self.rsa_key_check != "openssl")
             public = leaf.public_key()
             if key.public_key() != public:
                 return None  # the leaf is not first, or no certificate is the key's
-            check_not_ca(leaf)
+            found = _leaf_extensions(leaf)
+            if found is None:
+                return None  # a CA certificate: check_not_ca refuses it
+            san, aia = found
             if self.rsa_key_check == "sign" and isinstance(key, rsa.RSAPrivateKey):
                 probe_rsa_key(key, leaf)
-            names = names_of(leaf)
+            names = names_of(leaf) if san is None else normalise_names(san)
             if not names:
                 return None
-            check_key(public, policy)
-            der = leaf.public_bytes(serialization.Encoding.DER)
+            key_type = self._key_type(public)
+            if key_type is None:
+                return None  # check_key refuses it
             bundle = CertBundle(
                 pem=b"".join([*cert_texts, key_texts[0]]),
                 names=names,
@@ -126,22 +136,39 @@ class UploadChecker:
                 serial=leaf.serial_number,
                 not_before=leaf.not_valid_before_utc,
                 not_after=leaf.not_valid_after_utc,
-                key_type=key_type_of(public),
-                ocsp_url=responder_url(leaf),
+                key_type=key_type,
+                ocsp_url=None if aia is None else aia_responder_url(aia),
                 ders=(der, *(link.der for link in chain)),
             )
             check_validity(bundle, now, policy)
-        except (CertificateError, ValueError, TypeError, UnsupportedAlgorithm):
+            ders = bundle.ders or ()
+            if len(set(ders)) != len(ders):
+                return None
+            if chain and not chain[0].signed(leaf, _tbs_of(der)):
+                return None
+        except (CertificateError, ValueError, TypeError, IndexError, UnsupportedAlgorithm):
             return None  # validate_upload says which check failed, in its words
-        ders = bundle.ders or ()
-        if len(set(ders)) != len(ders):
-            return None
-        if chain and not chain[0].signed(leaf):
-            return None
         for cert, issuer in itertools.pairwise(chain):
             if not self._linked(cert, issuer):
                 return None
         return bundle
+
+    def _key_type(self, public: CertificatePublicKeyTypes) -> str | None:
+        """``key_type_of(public)`` if ``check_key`` takes it, else None; once per EC curve."""
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            try:
+                check_key(public, self.policy)
+            except CertificateError:
+                return None
+            return key_type_of(public)
+        curve = public.curve.name
+        if curve not in self._curves:  # check_key's answer for an EC key is its curve's
+            try:
+                check_key(public, self.policy)
+                self._curves[curve] = key_type_of(public)
+            except CertificateError:
+                self._curves[curve] = None
+        return self._curves[curve]
 
     def _chain_cert(self, text: bytes) -> _ChainCert:
         """A chain certificate, parsed once per checker (ValueError if it cannot be)."""
@@ -181,21 +208,24 @@ class _ChainCert:
         if isinstance(key, ec.EllipticCurvePublicKey):
             self._key = key
 
-    def signed(self, cert: x509.Certificate) -> bool:
+    def signed(self, cert: x509.Certificate, tbs: bytes | None = None) -> bool:
         """``issued(self.cert, cert)``: this certificate's subject and key issued ``cert``.
 
         With an ECDSA key, as ``verify_directly_issued_by`` does it but with this
         certificate's key parsed once and the names compared as DER bytes (equal
-        bytes are equal names; any other case goes the full way).
+        bytes are equal names; any other case goes the full way).  ``tbs``:
+        ``cert.tbs_certificate_bytes`` if the caller has them (cut from the DER
+        it parsed ``cert`` from: cryptography encodes them again, ≈7 µs).
         """
-        hashed = _ECDSA_HASHES.get(cert.signature_algorithm_oid)
-        if self._key is None or self._subject is None or hashed is None:
+        ecdsa = _ECDSA.get(cert.signature_algorithm_oid)
+        if self._key is None or self._subject is None or ecdsa is None:
             return issued(self.cert, cert)
-        tbs = cert.tbs_certificate_bytes
+        if tbs is None:
+            tbs = cert.tbs_certificate_bytes
         try:
             if _tbs_names(tbs)[0] != self._subject:
                 return issued(self.cert, cert)
-            self._key.verify(cert.signature, tbs, ec.ECDSA(hashed()))
+            self._key.verify(cert.signature, tbs, ecdsa)
         except InvalidSignature:
             return False
         except (ValueError, IndexError):
@@ -203,11 +233,54 @@ class _ChainCert:
         return True
 
 
-_ECDSA_HASHES: dict[x509.ObjectIdentifier, type[hashes.HashAlgorithm]] = {
-    SignatureAlgorithmOID.ECDSA_WITH_SHA256: hashes.SHA256,
-    SignatureAlgorithmOID.ECDSA_WITH_SHA384: hashes.SHA384,
-    SignatureAlgorithmOID.ECDSA_WITH_SHA512: hashes.SHA512,
+def _leaf_extensions(
+    leaf: x509.Certificate,
+) -> tuple[list[str] | None, x509.AuthorityInformationAccess | None] | None:
+    """The leaf's SAN DNS names and AIA (None: absent), in one pass; None if it is a CA.
+
+    What ``check_not_ca``, ``names_of`` and ``responder_url`` each look up
+    (cryptography refuses a certificate with an extension twice: one of each
+    at most); ValueError if the extensions cannot be parsed.
+    """
+    san: list[str] | None = None
+    aia: x509.AuthorityInformationAccess | None = None
+    for extension in leaf.extensions:
+        value = extension.value
+        # by exact type: these classes are ABCs, each isinstance ≈1 µs (no subclass is parsed)
+        if type(value) is x509.BasicConstraints:
+            if value.ca:
+                return None
+        elif type(value) is x509.SubjectAlternativeName:
+            san = value.get_values_for_type(x509.DNSName)
+        elif type(value) is x509.AuthorityInformationAccess:
+            aia = value
+    return san, aia
+
+
+#: The signature algorithm of each ECDSA signature OID (immutable: made once).
+_ECDSA: dict[x509.ObjectIdentifier, ec.ECDSA] = {
+    SignatureAlgorithmOID.ECDSA_WITH_SHA256: ec.ECDSA(hashes.SHA256()),
+    SignatureAlgorithmOID.ECDSA_WITH_SHA384: ec.ECDSA(hashes.SHA384()),
+    SignatureAlgorithmOID.ECDSA_WITH_SHA512: ec.ECDSA(hashes.SHA512()),
 }
+
+
+def _pem_der(text: bytes) -> bytes | None:
+    """The DER of one PEM block of :func:`split_blocks` (strict base64); None if not strict.
+
+    What OpenSSL's PEM reader decodes from it, wherever strict base64 decodes it.
+    """
+    body = text[text.index(b"\n") + 1 : text.rindex(b"-----END ")]
+    try:
+        return binascii.a2b_base64(body.replace(b"\n", b""), strict_mode=True)
+    except binascii.Error:
+        return None
+
+
+def _tbs_of(der: bytes) -> bytes:
+    """The TBSCertificate of a certificate's DER (IndexError, ValueError if malformed)."""
+    start = _header(der, 0)[0]  # Certificate ::= SEQUENCE { tbsCertificate, ... }
+    return der[start : _skip(der, start)]
 
 
 def _tbs_names(tbs: bytes) -> tuple[bytes, bytes]:

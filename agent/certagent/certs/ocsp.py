@@ -28,6 +28,7 @@ from certagent.errors import OcspError
 __all__ = [
     "MAX_BYTES",
     "OcspFacts",
+    "aia_responder_url",
     "build_request",
     "check_for_chain",
     "check_response",
@@ -169,6 +170,11 @@ def responder_url(leaf: x509.Certificate) -> str | None:
         aia = leaf.extensions.get_extension_for_class(x509.AuthorityInformationAccess).value
     except x509.ExtensionNotFound:
         return None
+    return aia_responder_url(aia)
+
+
+def aia_responder_url(aia: x509.AuthorityInformationAccess) -> str | None:
+    """:func:`responder_url` of the leaf whose AIA extension is ``aia``."""
     for description in aia:
         location = description.access_location
         if (

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -55,6 +55,7 @@ __all__ = [
     "leaf_names",
     "load_private_key",
     "names_of",
+    "normalise_names",
     "normalise_pem",
     "parse_blocks",
     "parse_bundle",
@@ -468,7 +469,11 @@ def names_of(cert: x509.Certificate) -> tuple[str, ...]:
         raise PemError("the certificate's extensions cannot be parsed") from exc
     else:
         raw = san.value.get_values_for_type(x509.DNSName)
+    return normalise_names(raw)
 
+
+def normalise_names(raw: Iterable[str]) -> tuple[str, ...]:
+    """:func:`names_of` from the certificate's DNS names (or CNs): valid ones, in order, once."""
     names: list[str] = []
     for value in raw:
         try:

@@ -41,8 +41,8 @@ MAX_FILE = 1 << 20
 @dataclass(frozen=True)
 class ImportItem:
     label: str  # what the reports call it: the path, relative to the import root
-    chain: Path
-    key: Path | None  # None: combined PEM
+    chain: Path | str  # a combined file: the directory listing's text, no Path made
+    key: Path | str | None  # None: combined PEM
 
 
 @dataclass(frozen=True)

@@ -115,12 +115,33 @@ def iter_import_items(root: Path) -> Iterator[ImportItem]:
     at hand, so memory does not grow with the number of files (a sorted list
     of a million entries and their paths took ≈600 MB).  File types come from
     the listing (no stat per file); a lineage costs one stat of its fullchain.
+    A combined file's path is the listing's text (a Path per file cost ≈10 µs
+    of this process's CPU, a tenth of it).
     """
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory")
+    for entry in _combined(root):
+        yield ImportItem(entry.name, entry.path, None)
+    yield from _lineages(root)
+
+
+def count_import_items(root: Path) -> int:
+    """How many items :func:`iter_import_items` yields now (one more pass, O(1) memory)."""
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory")
+    return sum(1 for _ in _combined(root)) + sum(1 for _ in _lineages(root))
+
+
+def _combined(root: Path) -> Iterator[os.DirEntry[str]]:
+    """The entries of ``root``'s combined PEM files."""
     for entry in _entries(root):
-        if entry.name.endswith(".pem") and not entry.name.startswith(".") and entry.is_file():
-            yield ImportItem(entry.name, root / entry.name, None)
+        name = entry.name
+        if name.endswith(".pem") and not name.startswith(".") and entry.is_file():
+            yield entry
+
+
+def _lineages(root: Path) -> Iterator[ImportItem]:
+    """certbot lineages in ``root/live/*/`` and ``root/*/``."""
     live = root / "live"
     for base in (live, root) if live.is_dir() else (root,):
         for entry in _entries(base):
@@ -131,11 +152,6 @@ def iter_import_items(root: Path) -> Iterator[ImportItem]:
             if fullchain.is_file():
                 label = str(fullchain.relative_to(root))
                 yield ImportItem(label, fullchain, lineage / "privkey.pem")
-
-
-def count_import_items(root: Path) -> int:
-    """How many items :func:`iter_import_items` yields now (one more pass, O(1) memory)."""
-    return sum(1 for _ in iter_import_items(root))
 
 
 def _entries(directory: Path) -> Iterator[os.DirEntry[str]]:

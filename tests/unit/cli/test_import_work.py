@@ -9,7 +9,7 @@ import pytest
 
 from certagent.certs.bulkcheck import UploadChecker
 from certagent.certs.keycrypt import KeyRing, generate_key_line
-from certagent.certs.validate import UploadPolicy
+from certagent.certs.validate import UploadPolicy, validate_upload
 from certagent.cli._import_work import (
     MAX_FILE,
     BatchJob,
@@ -23,7 +23,15 @@ from certagent.store.base import PreparedRecord, WireRecord
 from certagent.store.redis import AddCall, Keys, RecordEncoder
 from certagent.store.redis._addscript import ADD_SHA, script_args, script_keys
 from certagent.store.redis._packed import unpack
-from certagent.testing.certs import CA, combined, issue, make_ca, shared_key
+from certagent.testing.certs import (
+    CA,
+    KeyFormat,
+    KeyType,
+    combined,
+    issue,
+    make_ca,
+    shared_key,
+)
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
@@ -144,3 +152,51 @@ def _resp_args(raw: bytes) -> list[bytes]:
         rest = rest[n + 2 :]
     assert rest == b""
     return out
+
+
+@pytest.mark.parametrize(
+    ("key_type", "key_format", "intermediate", "serial", "names"),
+    [
+        ("ec", "pkcs8", True, None, ("a.example.test",)),
+        ("ec", "traditional", False, 1, ("a.example.test", "*.b.example.test", "c.example.test")),
+        ("ec384", "pkcs8", True, 0x7F, ("a.example.test",)),
+        ("rsa", "traditional", True, (1 << 159) - 1, ("a.example.test", "A.example.test")),
+    ],
+)
+def test_one_pass_packing_gives_the_bytes_of_record_then_call(
+    key_type: KeyType,
+    key_format: KeyFormat,
+    intermediate: bool,
+    serial: int | None,
+    names: tuple[str, ...],
+) -> None:
+    """``encode`` (WirePacker: one pass) == ``prepare`` then ``AddCall.command``, byte for byte.
+
+    With and without a shared chain, every key label, serials of 1 to 20 bytes,
+    names repeated, and bundles from the fast path (DER at hand) or
+    ``validate_upload`` (none).
+    """
+    ring = KeyRing.from_text(generate_key_line("k1"))
+    ca = make_ca("one pass CA", intermediate=intermediate)
+    chain, key = issue(ca, *names, key_type=key_type, key_format=key_format, serial=serial)
+    fast = UploadChecker(UploadPolicy()).validate(chain, key, now=NOW)
+    slow = validate_upload(chain, key, now=NOW, policy=UploadPolicy())
+    assert fast.ders is not None
+    assert slow.ders is None
+    call = AddCall(Keys("p:"), 77)
+    encoder = RecordEncoder(ring, call)
+    for bundle in (fast, slow, fast):  # the packer's caches in use the second time
+        monkey = pytest.MonkeyPatch()
+        monkey.setattr("secrets.token_hex", lambda n: "0123456789abcdef")
+        monkey.setattr("os.urandom", lambda n: b"\7" * n)
+        try:
+            wire = encoder.encode(bundle, NOW)
+            prepared = encoder.prepare(bundle, NOW)
+        finally:
+            monkey.undo()
+        assert isinstance(wire, WireRecord)
+        record = prepared.record
+        assert wire.command == call.command(
+            record, prepared.payload, prepared.expiry, prepared.shared
+        )
+        assert (wire.id, wire.fingerprint_sha256) == (record.id, record.fingerprint_sha256)

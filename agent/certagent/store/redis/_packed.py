@@ -46,7 +46,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -68,12 +68,17 @@ from certagent.store.redis._layout import (
 )
 
 __all__ = [
+    "LABELS",
     "MAGIC",
     "Packed",
+    "bundle_parts",
     "chain_digest",
     "chain_pem",
     "is_packed",
     "pack_record",
+    "pack_upload",
+    "pem_der",
+    "seconds",
     "split_der",
     "unpack",
 ]
@@ -82,8 +87,8 @@ MAGIC = b"\xcaR2"
 _ISO = "%Y-%m-%dT%H:%M:%SZ"
 _TIME = struct.Struct(">q")
 #: The key's PEM label, as one byte before its DER inside the sealed key.
-_LABELS = {"PRIVATE KEY": 1, "EC PRIVATE KEY": 2, "RSA PRIVATE KEY": 3}
-_LABEL_OF = {code: label for label, code in _LABELS.items()}
+LABELS = {"PRIVATE KEY": 1, "EC PRIVATE KEY": 2, "RSA PRIVATE KEY": 3}
+_LABEL_OF = {code: label for label, code in LABELS.items()}
 _REQUIRED = b"ntbavuLK"
 _KNOWN = frozenset(_REQUIRED + b"SsCmOD")
 #: A record larger than this is refused (a leaf with hundreds of names is ≈30 KB).
@@ -184,17 +189,17 @@ def pack_record(
     ``chain`` is the certificates after the leaf, DER, concatenated (``b""`` for
     a leaf alone): the caller stores it once as ``chain:{sha256 of it}``.
     """
-    certs, label, key_text = _parts(bundle)
-    plain = bytes([_LABELS[label]]) + _der(key_text)
+    certs, label, key_text = bundle_parts(bundle)
+    plain = bytes([LABELS[label]]) + pem_der(key_text)
     leaf, chain = certs[0], b"".join(certs[1:])
     fields: dict[int, bytes] = {
         ord("n"): " ".join(record.names).encode("ascii"),
         **_serial_field(record.serial),
         ord("t"): record.key_type.encode("ascii"),
-        ord("b"): _seconds(record.not_before),
-        ord("a"): _seconds(record.not_after),
+        ord("b"): seconds(record.not_before),
+        ord("a"): seconds(record.not_after),
         ord("v"): str(record.version).encode("ascii"),
-        ord("u"): _seconds(record.updated_at),
+        ord("u"): seconds(record.updated_at),
         ord("L"): leaf,
         ord("K"): keycrypt.encrypt(ring, plain, key_aad(record.id), binary=True),
     }
@@ -210,7 +215,55 @@ def pack_record(
     return _join(fields), chain
 
 
-def _parts(bundle: CertBundle) -> tuple[list[bytes], str, bytes]:
+def pack_upload(
+    seal: Callable[[bytes, bytes], bytes],
+    cert_id: str,
+    bundle: CertBundle,
+    updated_at: bytes,
+    digests: dict[bytes, bytes],
+) -> tuple[bytes, bytes, bytes | None]:
+    """``(record, chain, chain's SHA-256 or None)`` of a new upload, in one pass.
+
+    The bytes :func:`pack_record` gives for ``make_record(cert_id, bundle,
+    version=1, updated_at=...)`` (not managed, no OCSP response), with
+    ``seal`` doing what ``keycrypt.encrypt(ring, ..., binary=True)`` does
+    (:class:`~certagent.certs.keycrypt.Sealer`); ``updated_at``: its
+    :func:`seconds`.  No record object, no dict of fields: the import packs a
+    record per file.  ``digests``: the caller's cache of chain digests (a
+    handful of chains shared by every record; at most 64 kept).
+    """
+    certs, label, key_text = bundle_parts(bundle)
+    leaf, chain = certs[0], b"".join(certs[1:])
+    names = " ".join(bundle.names).encode("ascii")
+    serial = bundle.serial
+    if serial >= 0:  # as _serial_field gives it for format(serial, "X")
+        tag, value = b"S", serial.to_bytes(max(1, (serial.bit_length() + 7) // 8), "big")
+    else:
+        tag, value = b"s", format(serial, "X").encode("ascii")
+    key_type = bundle.key_type.encode("ascii")
+    sealed = seal(bytes([LABELS[label]]) + pem_der(key_text), key_aad(cert_id))
+    parts = [
+        MAGIC,
+        *(b"n", _leb128(len(names)), names),
+        *(tag, _leb128(len(value)), value),
+        *(b"t", _leb128(len(key_type)), key_type),
+        *(b"b\x08", seconds(bundle.not_before), b"a\x08", seconds(bundle.not_after)),
+        *(b"v\x011", b"u\x08", updated_at),
+        *(b"L", _leb128(len(leaf)), leaf),
+        *(b"K", _leb128(len(sealed)), sealed),
+    ]
+    digest = None
+    if chain:
+        digest = digests.get(chain)
+        if digest is None:
+            if len(digests) >= 64:
+                digests.clear()
+            digest = digests[chain] = chain_digest(chain)
+        parts += [b"C\x20", digest]
+    return b"".join(parts), chain, digest
+
+
+def bundle_parts(bundle: CertBundle) -> tuple[list[bytes], str, bytes]:
     """The bundle's certificates (DER), its key's PEM label and block.
 
     With ``bundle.ders`` (a bulk check had them), only the key's block is cut
@@ -223,7 +276,7 @@ def _parts(bundle: CertBundle) -> tuple[list[bytes], str, bytes]:
         if label in KEY_LABELS:
             return list(bundle.ders), label, bundle.pem[at:]
     blocks = split_blocks(bundle.pem)
-    certs = [_der(text) for label, text in blocks if label == CERTIFICATE]
+    certs = [pem_der(text) for label, text in blocks if label == CERTIFICATE]
     label, key_text = next((label, text) for label, text in blocks if label in KEY_LABELS)
     return certs, label, key_text
 
@@ -331,7 +384,8 @@ def _uvarint(raw: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def _der(pem_block: bytes) -> bytes:
+def pem_der(pem_block: bytes) -> bytes:
+    """The DER of one PEM block (a private key's, as a record seals it)."""
     body = b"".join(pem_block.splitlines()[1:-1])
     return base64.b64decode(body, validate=True)
 
@@ -358,7 +412,8 @@ def _serial(fields: Mapping[int, bytes]) -> bytes:
     return format(int.from_bytes(raw, "big"), "X").encode("ascii")
 
 
-def _seconds(moment: datetime) -> bytes:
+def seconds(moment: datetime) -> bytes:
+    """A time field: Unix seconds, 8 bytes (ValueError if ``moment`` is naive)."""
     if moment.utcoffset() is None:
         raise ValueError("dates must be timezone-aware")
     return _TIME.pack(int(moment.timestamp()))

@@ -13,6 +13,7 @@ reads the metadata of both.  An event is one entry of the ``events`` stream.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from certagent.certs.pem import CERTIFICATE, KEY_LABELS, CertBundle, split_block
 from certagent.errors import InvalidHostname, StoreError
 from certagent.store.base import CertRecord, Change, PreparedRecord, WireRecord
 from certagent.store.records import make_record
-from certagent.store.redis._addscript import AddCall
+from certagent.store.redis._addscript import AddCall, WirePacker
 from certagent.store.redis._layout import (
     F_CHAIN,
     F_KEY,
@@ -207,13 +208,14 @@ class RecordEncoder:
         return f"RecordEncoder(current={self.ring.current!r}, packed={self.call is not None})"
 
     def encode(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord | WireRecord:
-        """:meth:`prepare`; with ``call``, packed into the write's bytes (a WireRecord)."""
-        prepared = self.prepare(bundle, updated_at)
+        """:meth:`prepare`; with ``call``, packed into the write's bytes (a WireRecord).
+
+        The WireRecord in one pass (:class:`~._addscript.WirePacker`, kept per
+        process): what ``call.command`` gives for :meth:`prepare`'s record.
+        """
         if self.call is None:
-            return prepared
-        record = prepared.record
-        command = self.call.command(record, prepared.payload, prepared.expiry, prepared.shared)
-        return WireRecord(record.id, record.fingerprint_sha256, command)
+            return self.prepare(bundle, updated_at)
+        return _packer(self.call, self.ring).wire(bundle, updated_at, secrets.token_hex(8))
 
     def prepare(
         self, bundle: CertBundle, updated_at: datetime, *, managed: str = ""
@@ -226,6 +228,12 @@ class RecordEncoder:
         return PreparedRecord(
             record=record, payload=payload, expiry=expiry_score(bundle.not_after), shared=chain
         )
+
+
+@functools.lru_cache(maxsize=4)
+def _packer(call: AddCall, ring: KeyRing) -> WirePacker:
+    """This process's packer for ``call`` and ``ring``: kept from batch to batch for its caches."""
+    return WirePacker(call, ring)
 
 
 def pack(fields: Mapping[FieldT, EncodableT], record_id: str = "") -> bytes:
