@@ -21,23 +21,19 @@ from certagent.certs import hostname
 from certagent.store.renewals import Managed
 
 from .problems import RenewalOff
-from .views import CONTEXT, TOKEN_NAME
+from .views import CONTEXT, TOKEN_NAME, iso_utc
 
 __all__ = ["managed_json", "renewal_routes"]
 
 log = logging.getLogger(__name__)
 
 
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def managed_json(managed: Managed) -> dict[str, object]:
     return {
         "name": managed.name,
-        "renew_at": _iso(datetime.fromtimestamp(managed.renew_at, UTC)),
+        "renew_at": iso_utc(datetime.fromtimestamp(managed.renew_at, UTC)),
         "certificate": managed.certificate,
-        "expires": _iso(managed.expires),
+        "expires": iso_utc(managed.expires),
     }
 
 
@@ -53,7 +49,7 @@ async def manage(request: web.Request) -> web.Response:
         "%s opted into renewal: certificate %s, renewal at %s (token %s)",
         name,
         managed.certificate,
-        _iso(datetime.fromtimestamp(managed.renew_at, UTC)),
+        iso_utc(datetime.fromtimestamp(managed.renew_at, UTC)),
         TOKEN_NAME.get(),
     )
     return web.json_response(managed_json(managed))

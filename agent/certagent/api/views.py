@@ -24,7 +24,7 @@ from .loaded import LoadedSlot
 from .problems import AlreadyStored, NotReady, Problem
 from .query import MAX_LIMIT, parse_list_query
 
-__all__ = ["MAX_LIMIT", "ApiContext", "ocsp_json", "record_json", "routes"]
+__all__ = ["MAX_LIMIT", "ApiContext", "iso_utc", "ocsp_json", "record_json", "routes"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ CONTEXT = web.AppKey("certagent_api", ApiContext)
 TOKEN_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("certagent_token", default="?")
 
 
-def _iso(moment: datetime) -> str:
+def iso_utc(moment: datetime) -> str:
+    """``moment`` as the API writes times: ISO 8601 in UTC, whole seconds, ``Z``."""
     return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
@@ -66,13 +67,13 @@ def record_json(record: CertRecord) -> dict[str, object]:
     return {
         "id": record.id,
         "names": list(record.names),
-        "not_before": _iso(record.not_before),
-        "not_after": _iso(record.not_after),
+        "not_before": iso_utc(record.not_before),
+        "not_after": iso_utc(record.not_after),
         "fingerprint_sha256": record.fingerprint_sha256,
         "serial": record.serial,
         "key_type": record.key_type,
         "version": record.version,
-        "updated_at": _iso(record.updated_at),
+        "updated_at": iso_utc(record.updated_at),
         "managed": record.managed,
     }
 
@@ -82,7 +83,7 @@ def _loaded_json(slot: LoadedSlot) -> dict[str, object]:
         "slot": slot.slot,
         "certificate_id": slot.certificate_id,
         "hosts": list(slot.hosts),
-        "loaded_since": None if slot.loaded_since is None else _iso(slot.loaded_since),
+        "loaded_since": None if slot.loaded_since is None else iso_utc(slot.loaded_since),
         "hits": slot.hits,
     }
 
@@ -221,8 +222,8 @@ def ocsp_json(cert_id: str, facts: OcspFacts) -> dict[str, object]:
     return {
         "id": cert_id,
         "status": facts.status,
-        "this_update": _iso(facts.this_update),
-        "next_update": _iso(facts.next_update) if facts.next_update else None,
+        "this_update": iso_utc(facts.this_update),
+        "next_update": iso_utc(facts.next_update) if facts.next_update else None,
         "sha256": facts.sha256,
     }
 
