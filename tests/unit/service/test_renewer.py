@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import pytest
 
@@ -183,15 +183,31 @@ def make_store(clock: Clock) -> MemoryStore:
     return MemoryStore(clock=clock)
 
 
+class Scene(NamedTuple):
+    clock: Clock
+    store: MemoryStore
+    ca: FakeCa
+    node: Node
+    old: DueRenewal  # NAME's schedule entry
+
+
+async def scene(
+    monkeypatch: pytest.MonkeyPatch, *, fail: Sequence[BaseException] = (), **node: Any
+) -> Scene:
+    """A store, a CA (failing with ``fail`` first) and a node (``node``: make_node's
+    options), with NAME issued and scheduled."""
+    clock = Clock()
+    store = make_store(clock)
+    ca = FakeCa(clock, fail=list(fail))
+    made = make_node(store, ca, monkeypatch, **node)
+    return Scene(clock, store, ca, made, await issued(store, ca))
+
+
 # --- the schedule --------------------------------------------------------------------------
 
 
 async def test_a_tick_with_nothing_due_renews_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    await issued(store, ca)
+    clock, _, ca, node, _ = await scene(monkeypatch)
     clock.now = T0 + 59 * 86400
     assert await run_tick(node.renewer) == 0
     assert ca.orders == []
@@ -201,11 +217,7 @@ async def test_a_tick_with_nothing_due_renews_nothing(monkeypatch: pytest.Monkey
 async def test_a_due_certificate_is_renewed_and_scheduled_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = old.renew_at + 5
     assert await run_tick(node.renewer) == 1
     assert ca.orders == [NAME]
@@ -225,11 +237,7 @@ async def test_a_due_certificate_is_renewed_and_scheduled_again(
 async def test_the_replaced_record_is_deleted_after_a_renewal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, _, node, old = await scene(monkeypatch)
     (before,) = await store.lookup_all(NAME)
     clock.now = old.renew_at + 1
     await run_tick(node.renewer)
@@ -239,12 +247,8 @@ async def test_the_replaced_record_is_deleted_after_a_renewal(
 
 
 async def test_two_nodes_renew_a_due_name_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    first = make_node(store, ca, monkeypatch, node="node-1")
+    clock, store, ca, first, old = await scene(monkeypatch, node="node-1")
     second = make_node(store, ca, monkeypatch, node="node-2")
-    old = await issued(store, ca)
     clock.now = old.renew_at + 1
     await asyncio.gather(first.renewer.tick(), second.renewer.tick())
     await asyncio.gather(first.renewer.wait_idle(), second.renewer.wait_idle())
@@ -258,11 +262,7 @@ async def test_two_nodes_renew_a_due_name_once(monkeypatch: pytest.MonkeyPatch) 
 async def test_a_name_leased_elsewhere_is_left_to_that_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = old.renew_at + 1
     held = await store.issuance().locks.acquire(NAME, "node-dead", 75)
     assert held is not None
@@ -277,11 +277,7 @@ async def test_a_name_leased_elsewhere_is_left_to_that_node(
 async def test_an_entry_renewed_meanwhile_is_not_ordered_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = old.renew_at + 1
     stale = DueRenewal(NAME, old.renew_at, old.not_after)
     await issued(store, ca)  # another node renewed it: a later entry
@@ -295,11 +291,9 @@ async def test_an_entry_renewed_meanwhile_is_not_ordered_again(
 async def test_a_failing_renewal_backs_off_and_retries_until_it_works(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock, fail=[CaUnavailable("connection refused")] * 3)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(
+        monkeypatch, fail=[CaUnavailable("connection refused")] * 3
+    )
     clock.now = old.renew_at + 1
     waits = []
     for _ in range(3):
@@ -321,11 +315,7 @@ async def test_a_failing_renewal_backs_off_and_retries_until_it_works(
 async def test_retries_near_expiry_are_never_planned_past_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock, fail=[CaUnavailable("down")] * 50)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, _, node, old = await scene(monkeypatch, fail=[CaUnavailable("down")] * 50)
     clock.now = old.not_after - 1800  # half an hour left, inside the margin
     await run_tick(node.renewer)
     entry = await store.issuance().renewals.entry(NAME)
@@ -336,11 +326,7 @@ async def test_retries_near_expiry_are_never_planned_past_it(
 async def test_while_the_ca_asked_to_wait_no_renewal_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = old.renew_at + 1
     await store.issuance().limits.pause(clock.now + 30)
     assert await run_tick(node.renewer) == 0
@@ -363,12 +349,8 @@ class Budget:
 
 
 async def test_an_empty_budget_postpones_the_renewal(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
     budget = Budget([40.0])
-    node = make_node(store, ca, monkeypatch, budget=budget)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch, budget=budget)
     clock.now = old.renew_at + 1
     await run_tick(node.renewer)
     assert ca.orders == [] and budget.asked == [(NAME, True)]
@@ -383,12 +365,10 @@ async def test_an_empty_budget_postpones_the_renewal(monkeypatch: pytest.MonkeyP
 async def test_a_budget_refusal_after_the_first_kind_postpones_the_renewal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
     budget = Budget([0.0, 40.0])  # the first kind's unit, then none for the second
-    node = make_node(store, ca, monkeypatch, budget=budget, key_types=("ecdsa", "rsa"))
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(
+        monkeypatch, budget=budget, key_types=("ecdsa", "rsa")
+    )
     clock.now = old.renew_at + 1
     await run_tick(node.renewer)
     assert ca.orders == [NAME] and budget.asked == [(NAME, True)] * 2
@@ -410,11 +390,9 @@ async def test_a_budget_refusal_after_the_first_kind_postpones_the_renewal(
 async def test_a_name_denied_now_is_taken_off_the_schedule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch, permission=Permission(suffixes=("other.test",)))
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(
+        monkeypatch, permission=Permission(suffixes=("other.test",))
+    )
     clock.now = old.renew_at + 1
     await run_tick(node.renewer)
     assert ca.orders == []
@@ -424,12 +402,8 @@ async def test_a_name_denied_now_is_taken_off_the_schedule(
 
 
 async def test_an_unreachable_ask_endpoint_postpones(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
     ask = Permission(ask_url="http://127.0.0.1:9/ask", ask_timeout=0.5)
-    node = make_node(store, ca, monkeypatch, permission=ask)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch, permission=ask)
     clock.now = old.renew_at + 1
     await run_tick(node.renewer)
     await ask.close()
@@ -439,11 +413,7 @@ async def test_an_unreachable_ask_endpoint_postpones(monkeypatch: pytest.MonkeyP
 
 
 async def test_a_deleted_certificate_is_not_renewed(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     (record,) = await store.lookup_all(NAME)
     await store.delete(record.id)
     clock.now = old.renew_at + 1
@@ -466,11 +436,7 @@ def window(start: float, end: float, retry_after: float | None = 3600.0) -> Rene
 async def test_ari_window_ahead_moves_the_entry_without_ordering(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = old.renew_at + 1
     FakeClient.ari = lambda ident: window(clock.now + 7200, clock.now + 7300)
     await run_tick(node.renewer)
@@ -484,11 +450,7 @@ async def test_ari_window_ahead_moves_the_entry_without_ordering(
 async def test_ari_window_moved_earlier_renews_in_it_and_says_what_it_replaces(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = T0 + 86400  # long before the default moment ...
     await store.issuance().renewals.schedule(NAME, clock.now, old.not_after)  # ... ARI asks
     FakeClient.ari = lambda ident: window(clock.now - 600, clock.now - 60)  # an incident
@@ -499,11 +461,7 @@ async def test_ari_window_moved_earlier_renews_in_it_and_says_what_it_replaces(
 
 
 async def test_ari_window_in_a_later_check_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = start = old.renew_at + 1
     FakeClient.ari = lambda ident: window(start + 100, start + 200, retry_after=10 * 3600)
     await run_tick(node.renewer)
@@ -535,11 +493,7 @@ async def test_status_counts_scheduled_due_and_overdue(monkeypatch: pytest.Monke
 async def test_a_renewal_with_a_shorter_lifetime_still_replaces_the_old_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    old = await issued(store, ca)
+    clock, store, ca, node, old = await scene(monkeypatch)
     clock.now = old.renew_at + 1
     ca.lifetime = 6 * 86400.0  # a shorter profile: expires before the old one
     await run_tick(node.renewer)
@@ -565,12 +519,8 @@ async def test_an_ask_endpoint_answering_5xx_postpones_and_403_unschedules(
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        clock = Clock()
-        store = make_store(clock)
-        ca = FakeCa(clock)
         permission = Permission(ask_url=f"http://127.0.0.1:{port}/ask", deny_ttl=0)
-        node = make_node(store, ca, monkeypatch, permission=permission)
-        old = await issued(store, ca)
+        clock, store, ca, node, old = await scene(monkeypatch, permission=permission)
         clock.now = old.renew_at + 1
         await run_tick(node.renewer)
         entry = await store.issuance().renewals.entry(NAME)
