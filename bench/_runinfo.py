@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -87,6 +88,21 @@ def write_results(out: Path, stem: str, text: str, markdown: str | None = None) 
     if markdown is not None:
         path.with_suffix(".md").write_text(markdown)
     return path
+
+
+def publish(
+    result: dict[str, Any],
+    out: Path,
+    stem: str,
+    markdown: str | None = None,
+    *,
+    sort_keys: bool = False,
+) -> Path:
+    """Print a bench's ``result`` as JSON and write it (and ``markdown``) with
+    :func:`write_results`; returns the JSON file's path."""
+    text = json.dumps(result, indent=2, sort_keys=sort_keys)
+    print(text)
+    return write_results(out, stem, text, markdown)
 
 
 def git_revision() -> str:

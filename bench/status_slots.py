@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._certs import Leaves
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from bench.scale.common import Env, ensure_many, host, shared_key_bundles
 from certagent.testing import (
     PKI,
@@ -120,10 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if env is not None:
             env.close_all()
         redis.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
     stem = f"{result['meta']['date'][:10]}-status-slots"
-    path = write_results(args.out, stem, text)
+    path = publish(result, args.out, stem)
     say(f"status_slots: wrote {path}")
     return 0 if result["all_exit_0_and_parsed"] else 1
 

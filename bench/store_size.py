@@ -49,7 +49,7 @@ import redis
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.pem import CertBundle
 from certagent.store.redis import RedisStore
@@ -315,10 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     meta["load_after"] = os.getloadavg()
     result = {"meta": meta, "runs": runs}
-    text = json.dumps(result, indent=2)
-    print(text)
     stem = f"{meta['date'][:10]}-store-size" + (f"-{args.label}" if args.label else "")
-    path = write_results(args.out, stem, text, markdown(result))
+    path = publish(result, args.out, stem, markdown(result))
     say(f"wrote {path}")
     return 0
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import signal
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from bench.issuance.report import markdown
 from bench.issuance.rig import SUFFIX, Rig
 from bench.issuance.run import Sizes, pebble_version, run
@@ -124,10 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
     result["meta"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
-    text = json.dumps(result, indent=2, sort_keys=False)
-    print(text)
     stem = dt.date.today().isoformat() + ("-issuance-smoke" if args.smoke else "-issuance")
-    path = write_results(args.out, stem, text, markdown(result))
+    path = publish(result, args.out, stem, markdown(result))
     say(f"bench.issuance: wrote {path} and {path.with_suffix('.md')}")
     return 0
 

@@ -31,7 +31,6 @@ repeat, 3 s windows, ≈25 s on a quiet machine.  Every process is started throu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -49,7 +48,7 @@ import redis as redis_py
 from bench import _native
 from bench._load import client_context, percentile
 from bench._proc import hwm_kb
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from bench.million import generate, serve, start, store
 from bench.million.report import markdown, must_show, table
 from bench.scale.common import spread
@@ -340,10 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     result["table"] = table(result)
     result["must_show"] = must_show(result)
-    text = json.dumps(result, indent=2)
-    print(text)
     stem = f"{result['meta']['date'][:10]}-million{'-smoke' if args.smoke else ''}"
-    path = write_results(args.out, stem, text, markdown(result))
+    path = publish(result, args.out, stem, markdown(result))
     say(f"million: wrote {path} and {path.with_suffix('.md')}")
     return 0
 

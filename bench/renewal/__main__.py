@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shutil
 import signal
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from bench.renewal.at_rest import idle_scenario
 from bench.renewal.common import Env, Sizes
 from bench.renewal.report import markdown
@@ -102,10 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
     result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
-    text = json.dumps(result, indent=2, sort_keys=True)
-    print(text)
     stem = dt.date.today().isoformat() + ("-renewal-smoke" if args.smoke else "-renewal")
-    path = write_results(args.out, stem, text, markdown(result))
+    path = publish(result, args.out, stem, markdown(result), sort_keys=True)
     say(f"bench.renewal: wrote {path} and {path.with_suffix('.md')}")
     return 0
 

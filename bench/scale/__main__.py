@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shutil
 import signal
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 from bench import _native
 from bench._certs import Leaves
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from bench.scale import at_rest, hit_ratio, new_host, recycles, reload, storm
 from bench.scale.common import Env, Sizes
 from bench.scale.report import markdown, targets
@@ -149,10 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
     result["targets"] = targets(result)
     result["profiles"] = latest_profiles(args.out)
-    text = json.dumps(result, indent=2, sort_keys=True)
-    print(text)
     stem = dt.date.today().isoformat() + ("-scale-smoke" if args.smoke else "-scale")
-    path = write_results(args.out, stem, text, markdown(result))
+    path = publish(result, args.out, stem, markdown(result), sort_keys=True)
     say(f"bench.scale: wrote {path} and {path.with_suffix('.md')}")
     return 0
 

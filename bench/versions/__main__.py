@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import shlex
 import shutil
 import signal
@@ -31,7 +30,7 @@ from typing import Any
 
 from bench import _native
 from bench._certs import Leaves, write_preload_files
-from bench._runinfo import RESULTS, run_meta, say, write_results
+from bench._runinfo import RESULTS, publish, run_meta, say
 from bench.scale.common import Env
 from bench.versions import builds, lower, report, storm
 from bench.versions.favour import Favour
@@ -333,12 +332,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "summary": summary,
         "runs": rows,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
     stem = dt.date.today().isoformat() + (
         "-storm-versions-smoke" if args.smoke else "-storm-versions"
     )
-    path = write_results(args.out, stem, text, report.markdown(result))
+    path = publish(result, args.out, stem, report.markdown(result))
     say(f"bench.versions: wrote {path} and {path.with_suffix('.md')}")
     return 0
 
