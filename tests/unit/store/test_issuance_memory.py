@@ -14,48 +14,15 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from certagent.certs.pem import CertBundle, parse_bundle
 from certagent.errors import ChangesLost, DuplicateCertificate, LeaseLost, StoreUnavailable
 from certagent.store.base import Change
 from certagent.store.issuance import AcmeAccount, Issuance, PublishedChallenge
-from certagent.testing.certs import CA, issue, make_ca, shared_key
+from certagent.testing.certs import CA
 from tests.memstore import MemoryStore
+from tests.unit.store.memroles import Clock, bundle
 
 TOKEN = "tok_" + "a" * 40
 THUMB = "T" * 43
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(scope="module")
-def ca() -> CA:
-    return make_ca()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(clock: Clock) -> MemoryStore:
-    return MemoryStore(clock=clock)
-
-
-@pytest.fixture
-def roles(store: MemoryStore) -> Issuance:
-    return store.issuance()
-
-
-def bundle(ca: CA, *names: str) -> CertBundle:
-    chain, key = issue(ca, *names, key=shared_key())
-    return parse_bundle(chain, key)
 
 
 def published(clock: Clock, token: str = TOKEN, life: float = 60) -> PublishedChallenge:

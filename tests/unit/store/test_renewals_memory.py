@@ -14,7 +14,6 @@ import random
 
 import pytest
 
-from certagent.certs.pem import CertBundle, parse_bundle
 from certagent.errors import InvalidHostname, LeaseLost, NotFound, StoreUnavailable
 from certagent.store.issuance import ACME_MANAGED, Issuance
 from certagent.store.localrenewals import LocalBudget, Schedule
@@ -27,44 +26,9 @@ from certagent.store.renewing import (
     window_index,
     window_wait,
 )
-from certagent.testing.certs import CA, issue, make_ca, shared_key
+from certagent.testing.certs import CA
 from tests.memstore import MemoryStore
-
-NOW = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(scope="module")
-def ca() -> CA:
-    return make_ca()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(clock: Clock) -> MemoryStore:
-    return MemoryStore(clock=clock)
-
-
-@pytest.fixture
-def roles(store: MemoryStore) -> Issuance:
-    return store.issuance()
-
-
-def bundle(ca: CA, *names: str) -> CertBundle:
-    chain, key = issue(ca, *names, key=shared_key())
-    return parse_bundle(chain, key)
-
+from tests.unit.store.memroles import NOW, Clock, bundle
 
 # --- the sorted schedule ----------------------------------------------------------------------
 
