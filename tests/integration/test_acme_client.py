@@ -51,6 +51,7 @@ from certagent.testing import free_port
 from certagent.testing.acmeproxy import AcmeProxy
 from certagent.testing.pebble import Pebble
 from certagent.testing.tlsclient import handshake_async
+from tests.integration.pebblerun import running
 
 # Not skipped without pebble: Pebble.start() fails saying "run scripts/install.sh".
 pytestmark = pytest.mark.integration
@@ -60,19 +61,6 @@ EAB_KEY = b64url(b"certagent test EAB MAC key, 32+ bytes long")
 
 
 # --- pebble ---------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def running(pebble: Pebble, request: pytest.FixtureRequest) -> Iterator[Pebble]:
-    """Start ``pebble``; stop it by PID afterwards, printing its log if the test failed."""
-    pebble.start()
-    try:
-        yield pebble
-    finally:
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(pebble.log_tails())
-        pebble.stop()
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from certagent.testing import RedisFixture, Stack, free_port, tlsclient, wait_fo
 from certagent.testing.askendpoint import AskEndpoint
 from certagent.testing.pebble import Pebble
 from tests.integration.conftest import StackFactory
+from tests.integration.pebblerun import running
 
 pytestmark = pytest.mark.integration
 
@@ -35,14 +36,8 @@ DOMAIN = "shop.ondemand.test"
 @pytest.fixture
 def pebble(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pebble]:
     """A fresh pebble (new root, no accounts) per test; stopped by PID."""
-    ca = Pebble(tmp_path / "pebble").start()
-    try:
+    with running(Pebble(tmp_path / "pebble"), request) as ca:
         yield ca
-    finally:
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(ca.log_tails())
-        ca.stop()
 
 
 def acme_args(
@@ -245,8 +240,7 @@ def test_one_order_for_twenty_concurrent_first_connections_across_three_nodes(
     with AskEndpoint(allowed={DOMAIN}) as ask:
         nodes = [node(make_stack, redis_store, pebble, ask=ask.url)]
         nodes += [
-            node(make_stack, redis_store, pebble, ask=ask.url, on_ca_ports=False)
-            for _ in range(2)
+            node(make_stack, redis_store, pebble, ask=ask.url, on_ca_ports=False) for _ in range(2)
         ]
         with concurrent.futures.ThreadPoolExecutor(24) as pool:
             futures = [pool.submit(issued, nodes[i % 3], DOMAIN, root) for i in range(24)]

@@ -33,6 +33,7 @@ from certagent.testing.certs import issue, make_ca
 from certagent.testing.pebble import Pebble
 from certagent.testing.processes import StackError, free_port
 from tests.integration.conftest import StackFactory
+from tests.integration.pebblerun import running
 from tests.integration.test_acme_ondemand import FAST, acme_args, issued, trust
 
 pytestmark = pytest.mark.integration
@@ -51,14 +52,8 @@ RENEW = {
 
 @pytest.fixture
 def pebble(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pebble]:
-    ca = Pebble(tmp_path / "pebble", validity=VALIDITY).start()
-    try:
+    with running(Pebble(tmp_path / "pebble", validity=VALIDITY), request) as ca:
         yield ca
-    finally:
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(ca.log_tails())
-        ca.stop()
 
 
 def fleet_node(

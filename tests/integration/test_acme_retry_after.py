@@ -25,6 +25,7 @@ from certagent.testing import RedisFixture, Stack, free_port, tlsclient, wait_fo
 from certagent.testing.acmeproxy import AcmeProxy
 from certagent.testing.pebble import Pebble
 from tests.integration.conftest import StackFactory
+from tests.integration.pebblerun import running
 
 pytestmark = pytest.mark.integration
 
@@ -86,16 +87,12 @@ class LimitedCa(AcmeProxy):
 
 @pytest.fixture
 def ca(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LimitedCa]:
-    pebble = Pebble(tmp_path / "pebble").start()
-    proxy = LimitedCa(pebble).start()
-    try:
-        yield proxy
-    finally:
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(pebble.log_tails())
-        proxy.stop()
-        pebble.stop()
+    with running(Pebble(tmp_path / "pebble"), request) as pebble:
+        proxy = LimitedCa(pebble).start()
+        try:
+            yield proxy
+        finally:
+            proxy.stop()
 
 
 #: renewal in seconds: a tick a second, short orders and retries
