@@ -87,6 +87,11 @@ def test_import_floor_prints_each_operation_and_the_floor(tmp_path: Path) -> Non
     assert result["medians_us"]["redis_write"] >= 0  # 40 records may take under a clock tick
     assert result["floor_us"] >= sum(result["medians_us"][op] for op in operations) - 0.5
     assert result["budget_per_cert_us"] == 100
+    medians = result["medians_us"]
+    # the plain loop does at least the verification; the worker at least as much as the loop
+    assert medians["straight"] > medians["leaf_verify"] > 0
+    assert medians["worker"] > medians["leaf_verify"]
+    assert result["least_python_us"] == round(medians["straight"] + medians["redis_write"], 1)
 
 
 def test_import_profile_profiles_the_importing_process(tmp_path: Path) -> None:
