@@ -18,6 +18,10 @@ first 10 %, from Redis's count of records sampled every 0.1 s), and a check
 that Redis then holds N records and their events.  ``--before``: the main
 case also with another revision's ``certagent``, by turns with this one (the
 ratio within one run is the fair comparison on a shared machine).
+``--cold``: before each import, the files are dropped from the page cache
+(``posix_fadvise(DONTNEED)`` on each, only the bench's own files), so the
+import reads them from disk, as a one-off import of a real directory does;
+without it, the repeats after the first read files the last one left cached.
 
 Cases: ``--count`` files whose leaves share one ECDSA P-256 key (``--keys
 shared``, the default: generating 100,000 key pairs takes minutes) or each
@@ -222,9 +226,24 @@ def wait_idle(limit: float, threshold: float = 0.15) -> tuple[float, float]:
         say(f"import_rate: CPUs {busy:.0%} busy with other work; waiting ({waited:.0f} s)")
 
 
+def evict(source: Path) -> int:
+    """Drop ``source``'s ``*.pem`` files from the page cache; how many were dropped."""
+    dropped = 0
+    with os.scandir(source) as entries:
+        for entry in entries:
+            if entry.name.endswith(".pem") and entry.is_file():
+                fd = os.open(entry.path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+                dropped += 1
+    return dropped
+
+
 def import_once(
     source: Path, count: int, work: Path, *, workers: int | None, single: bool, idle: float,
-    command: list[str] | None = None,
+    command: list[str] | None = None, cold: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One import into a fresh redis-server; the rate, CPU figures and what Redis holds."""
     shutil.rmtree(work, ignore_errors=True)
@@ -245,6 +264,8 @@ def import_once(
             if workers is not None:
                 argv += ["--workers", str(workers)]
         busy_before, waited = wait_idle(idle) if idle > 0 else (busy_fraction(0.5), 0.0)
+        if cold and evict(source) < count:
+            raise RuntimeError(f"{source} holds fewer than {count} files")
         load_before = os.getloadavg()[0]
         redis_before = cpu_seconds(server.proc.pid)
         started = time.monotonic()
@@ -289,6 +310,7 @@ def import_once(
     return {
         "seconds": round(seconds, 3),
         "rate": round(count / seconds, 1),
+        "cold": cold,
         "summary": summary,
         "import_cpu_s": round(import_cpu, 2),
         "import_main_cpu_s": round(own, 2),
@@ -342,12 +364,12 @@ def growth(stored: list[tuple[float, int]], count: int) -> dict[str, float]:
 
 def run_case(
     label: str, source: Path, count: int, repeats: int, work: Path, *,
-    workers: int | None = None, single: bool = False, idle: float = 0.0,
+    workers: int | None = None, single: bool = False, idle: float = 0.0, cold: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     runs = []
     for repeat in range(repeats):
         say(f"import_rate: {label}: run {repeat + 1}/{repeats} ...")
-        run = import_once(source, count, work, workers=workers, single=single, idle=idle)
+        run = import_once(source, count, work, workers=workers, single=single, idle=idle, cold=cold)
         say(f"import_rate: {label}: {run['rate']:,.0f}/s ({run['summary']})")
         runs.append(run)
     return summarise(label, count, runs, workers=workers, single=single)
@@ -355,7 +377,7 @@ def run_case(
 
 def run_before_after(
     label: str, source: Path, count: int, repeats: int, work: Path, before: list[str], *,
-    workers: int | None = None, idle: float = 0.0,
+    workers: int | None = None, idle: float = 0.0, cold: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The case with ``before`` (another revision's certagent) and this one, run by turns.
 
@@ -367,8 +389,9 @@ def run_before_after(
         for which, command in (("before", before), ("after", None)):
             say(f"import_rate: {label} ({which}): run {repeat + 1}/{repeats} ...")
             run = import_once(
-                source, count, work, workers=workers, single=False, idle=idle, command=command
-            )
+                source, count, work, workers=workers, single=False, idle=idle, command=command,
+                cold=cold,
+            )  # fmt: skip
             say(f"import_rate: {label} ({which}): {run['rate']:,.0f}/s ({run['summary']})")
             runs[which].append(run)
     cases = [
@@ -433,6 +456,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--before", default=None, metavar="CERTAGENT",
                    help="also run the main case with this certagent command (another"
                    " revision's venv/bin/certagent), by turns with this one, and report the ratio")
+    p.add_argument("--cold", action="store_true",
+                   help="before each import, drop the files from the page cache: the import"
+                   " reads them from disk, as a one-off import does")
     p.add_argument("--out", type=Path, default=None,
                    help="also write OUT/<date>-import-rate[-TAG].json and .md (never overwritten)")
     p.add_argument("--tag", default="", help="a suffix for the --out file names")
@@ -452,24 +478,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.before:
             cases += run_before_after(
                 main_label, main_source, args.count, args.repeats, work / "run",
-                args.before.split(), workers=args.workers, idle=args.wait_idle,
+                args.before.split(), workers=args.workers, idle=args.wait_idle, cold=args.cold,
             )  # fmt: skip
         else:
             cases.append(run_case(
                 main_label, main_source, args.count, args.repeats, work / "run",
-                workers=args.workers, idle=args.wait_idle,
+                workers=args.workers, idle=args.wait_idle, cold=args.cold,
             ))  # fmt: skip
         if args.distinct_count:
             source = certificates(args.cache, args.distinct_count, "ec", True)
             cases.append(run_case(
                 "ECDSA P-256, one key each", source, args.distinct_count, args.repeats,
-                work / "run", workers=args.workers, idle=args.wait_idle,
+                work / "run", workers=args.workers, idle=args.wait_idle, cold=args.cold,
             ))  # fmt: skip
         if args.rsa_count:
             source = certificates(args.cache, args.rsa_count, "rsa", True)
             cases.append(run_case(
                 "RSA-2048, one key each", source, args.rsa_count, args.repeats, work / "run",
-                workers=args.workers, idle=args.wait_idle,
+                workers=args.workers, idle=args.wait_idle, cold=args.cold,
             ))  # fmt: skip
         if args.single_count:
             source = certificates(args.cache, args.single_count, "ec", args.keys == "distinct")

@@ -43,7 +43,7 @@ def test_import_rate_before_runs_both_by_turns(tmp_path: Path) -> None:
     argv = [
         sys.executable, "-m", "bench.import_rate", "--count", "200", "--repeats", "1",
         "--keys", "distinct", "--distinct-count", "0", "--rsa-count", "0",
-        "--before", str(certagent), "--cache", str(tmp_path / "cache"),
+        "--before", str(certagent), "--cache", str(tmp_path / "cache"), "--cold",
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -53,6 +53,7 @@ def test_import_rate_before_runs_both_by_turns(tmp_path: Path) -> None:
     assert after["rate_ratio_to_before"] > 0
     for case in (before, after):
         assert case["runs"][0]["records"] == 200
+        assert case["runs"][0]["cold"] is True  # its files dropped from the page cache first
         assert case["import_main_peak_rss_mb_median"] > 0
 
 

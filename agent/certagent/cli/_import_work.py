@@ -14,6 +14,7 @@ key check, ≈50x cheaper for RSA-2048 (docs/store.md, bulk adds).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -69,15 +70,51 @@ def prepare_batch(job: BatchJob) -> list[PreparedRecord | WireRecord | AgentErro
     """
     out: list[PreparedRecord | WireRecord | AgentError] = []
     checker = _checker(job.policy)
-    for chain_path, key_path in job.files:
-        try:
-            chain = read_file(chain_path)
-            key = read_key(key_path)
-            bundle = checker.validate(chain, key, now=job.now)
-            out.append(job.encoder.encode(bundle, job.updated_at))
-        except AgentError as exc:
-            out.append(exc)
+    opened = open_ahead(job.files)
+    try:
+        for (chain_path, key_path), (chain_fd, key_fd) in zip(job.files, opened, strict=True):
+            try:
+                chain = read_file(chain_path, chain_fd)
+                key = read_key(key_path, key_fd)
+                bundle = checker.validate(chain, key, now=job.now)
+                out.append(job.encoder.encode(bundle, job.updated_at))
+            except AgentError as exc:
+                out.append(exc)
+    finally:
+        for fds in opened:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
     return out
+
+
+def open_ahead(files: tuple[tuple[str, str | None], ...]) -> list[tuple[int | None, int | None]]:
+    """Open a batch's files and ask the kernel for all of them at once (``WILLNEED``).
+
+    A one-off import reads each file once, from disk.  Read one at a time,
+    each waits for its block: ≈65 µs per file here, 29 of them CPU in the
+    kernel.  Asked for together, the reads go out as one queue and cost ≈13 µs
+    per file, 11 in the kernel.  For files already cached this costs nothing
+    more: the reads use these descriptors (the caller closes them).  A file
+    that cannot be opened here gets None: its own read reports why.
+    """
+    opened: list[tuple[int | None, int | None]] = []
+    for chain_path, key_path in files:
+        opened.append((_open_for_reading(chain_path), _open_for_reading(key_path)))
+    return opened
+
+
+def _open_for_reading(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # read_file opens it again and says why it cannot
+    # only advice (refused for what is not a regular file): the read works without it
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    return fd
 
 
 @functools.lru_cache(maxsize=4)
@@ -86,15 +123,25 @@ def _checker(policy: UploadPolicy) -> UploadChecker:
     return UploadChecker(policy, rsa_key_check="sign")
 
 
-def read_file(path: Path | str) -> bytes:
+def read_file(path: Path | str, fd: int | None = None) -> bytes:
     """The whole file (CertificateError past :data:`MAX_FILE` bytes; ConfigError if unreadable).
 
     With os-level calls: a file object costs ≈9 µs more per file, ≈5 % of a worker's time.
+    ``fd``: the file, opened already (by :func:`open_ahead`; left open, the caller's).
     """
+    if fd is not None:
+        return _read_whole(path, fd)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return _read_whole(path, fd)
+    finally:
+        os.close(fd)
+
+
+def _read_whole(path: Path | str, fd: int) -> bytes:
     try:
         # Ask for what the file holds: a read of MAX_FILE + 1 allocates 1 MiB each
         # time (~20 us of page faults per file); read on if it grew meanwhile.
@@ -108,19 +155,17 @@ def read_file(path: Path | str) -> bytes:
             data = b"".join(parts)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
     if len(data) > MAX_FILE:
         raise CertificateError(f"{path} is over {MAX_FILE} bytes; it is not a certificate")
     return data
 
 
-def read_key(path: Path | str | None) -> bytes | None:
+def read_key(path: Path | str | None, fd: int | None = None) -> bytes | None:
     """A certbot ``privkey.pem``; None if there is none (the key may be in fullchain.pem)."""
     if path is None:
         return None
     try:
-        return read_file(path)
+        return read_file(path, fd)
     except ConfigError:
         if not os.path.exists(path):
             return None

@@ -79,16 +79,28 @@ def test_prepare_batch_gives_a_record_or_the_error_for_each_file(ca: CA, tmp_pat
     chain, key = issue(ca, "l.example.test", key=shared_key())
     (lineage / "fullchain.pem").write_bytes(chain)
     (lineage / "privkey.pem").write_bytes(key)
+    keyless = tmp_path / "live" / "k.example.test"  # the key inside fullchain.pem
+    keyless.mkdir()
+    (keyless / "fullchain.pem").write_bytes(combined(*issue(ca, "k.example.test")))
+    (tmp_path / "dir.pem").mkdir()  # opens, but cannot be read
     items = (
         ImportItem("good.pem", good, None),
         ImportItem("bad.pem", bad, None),
         ImportItem("old.pem", old, None),
         ImportItem("missing.pem", tmp_path / "missing.pem", None),
         ImportItem("l", lineage / "fullchain.pem", lineage / "privkey.pem"),
+        ImportItem("k", keyless / "fullchain.pem", keyless / "privkey.pem"),
+        ImportItem("dir.pem", tmp_path / "dir.pem", None),
     )
     job = BatchJob(batch_files(items), UploadPolicy(), RecordEncoder(ring), NOW, NOW)
+    descriptors = len(list(Path("/proc/self/fd").iterdir()))
     out = prepare_batch(job)
-    first, second, third, fourth, fifth = out
+    assert len(list(Path("/proc/self/fd").iterdir())) == descriptors  # every file closed
+    first, second, third, fourth, fifth, sixth, seventh = out
+    assert isinstance(sixth, PreparedRecord)
+    assert sixth.record.names == ("k.example.test",)
+    assert isinstance(seventh, ConfigError)
+    assert "dir.pem" in str(seventh)
     assert isinstance(first, PreparedRecord)
     assert first.record.names == ("good.example.test",)
     assert first.record.updated_at == NOW
