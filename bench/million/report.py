@@ -142,8 +142,7 @@ def markdown(result: dict[str, Any]) -> str:
         f" {meta['seconds']:.0f} s in all ({gen['note']}). Machine: {m['nproc']} CPUs"
         f" ({m['cpu_model']}), {m['mem_total_gb']} GB, {m['haproxy']}, {m['redis']},"
         f" Python {m['python']}. Load average (1 min) at the start of each N:"
-        f" {loads};"
-        " other helpers' tests and benches ran on the same 2 vCPUs.",
+        f" {loads} (anything else running on the machine shows there).",
         "",
         "ECDSA P-256 leaves, each with its own key, one shared intermediate; imported with"
         " `certagent cert import` into a private redis-server; HAProxy on a free loopback port."
