@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,13 @@ import pytest
 from certagent.certs.bulkcheck import UploadChecker
 from certagent.certs.keycrypt import KeyRing, generate_key_line
 from certagent.certs.validate import UploadPolicy, validate_upload
+from certagent.cli import _import_work
 from certagent.cli._import_work import (
     MAX_FILE,
     BatchJob,
     ImportItem,
     batch_files,
+    open_ahead,
     prepare_batch,
     read_file,
 )
@@ -112,6 +115,33 @@ def test_prepare_batch_gives_a_record_or_the_error_for_each_file(ca: CA, tmp_pat
     assert isinstance(fourth, ConfigError)
     assert isinstance(fifth, PreparedRecord)
     assert "payload" not in repr(first)
+
+
+def test_a_batch_larger_than_the_read_ahead_is_read_whole(
+    ca: CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_import_work, "AHEAD", 4)  # two combined files' worth, twice over
+    items = []
+    for i in range(5):
+        path = tmp_path / f"h{i}.pem"
+        path.write_bytes(combined(*issue(ca, f"h{i}.example.test", key=shared_key())))
+        items.append(ImportItem(path.name, path, None))
+    files = batch_files(tuple(items))
+    opened = open_ahead(files)
+    try:
+        assert [fd is not None for fd, _ in opened] == [True, True, False, False, False]
+    finally:
+        for fd, _ in opened:
+            if fd is not None:
+                os.close(fd)
+    ring = KeyRing.from_text(generate_key_line("k1"))
+    job = BatchJob(files, UploadPolicy(), RecordEncoder(ring), NOW, NOW)
+    descriptors = len(list(Path("/proc/self/fd").iterdir()))
+    out = prepare_batch(job)
+    assert len(list(Path("/proc/self/fd").iterdir())) == descriptors
+    assert [r.record.names for r in out if isinstance(r, PreparedRecord)] == [
+        (f"h{i}.example.test",) for i in range(5)
+    ]
 
 
 def key_part(pem: bytes) -> bytes:
