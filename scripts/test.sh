@@ -18,6 +18,10 @@
 # to every pytest run, e.g. `bash scripts/test.sh -k loader -x`; with extra arguments a 3.x
 # run that selects no test is reported and passes. CERTAGENT_TEST_VERSIONS="2.6 3.2" runs
 # only those versions.
+#
+# Each pytest run spreads its test modules over CERTAGENT_TEST_WORKERS processes (pytest-xdist,
+# --dist loadfile: a module's tests stay together; default 2): one worker left half of a 2-CPU
+# machine idle, waiting on HAProxy, Redis, pebble and timeouts. 0 runs everything in one process.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,9 +55,9 @@ step() {
 pytest_on() {
     local haproxy="$1" rc=0
     shift
-    printf '== CERTAGENT_TEST_HAPROXY=%s pytest --durations=15 %s\n' "$haproxy" "$*"
+    printf '== CERTAGENT_TEST_HAPROXY=%s pytest --durations=15 %s %s\n' "$haproxy" "${WORKER_ARGS[*]}" "$*"
     # --durations: which tests dominate each run's time, in every log
-    CERTAGENT_TEST_HAPROXY="$haproxy" "$BIN/pytest" --durations=15 "$@" || rc=$?
+    CERTAGENT_TEST_HAPROXY="$haproxy" "$BIN/pytest" --durations=15 "${WORKER_ARGS[@]}" "$@" || rc=$?
     if [ "$rc" -eq 5 ] && [ -n "$haproxy" ] && [ "$EXTRA" -gt 0 ]; then
         echo "no test of this run matches the arguments given: nothing to run on $haproxy"
         return 0
@@ -61,6 +65,10 @@ pytest_on() {
     return "$rc"
 }
 EXTRA=$#
+WORKERS="${CERTAGENT_TEST_WORKERS:-2}"
+[[ "$WORKERS" =~ ^[0-9]+$ ]] || { echo "CERTAGENT_TEST_WORKERS=$WORKERS: give a number (0: no workers)" >&2; exit 2; }
+WORKER_ARGS=(-n "$WORKERS")
+[ "$WORKERS" -eq 0 ] || WORKER_ARGS+=(--dist loadfile)
 
 lint_paths=()
 for path in agent tests bench demo; do

@@ -87,12 +87,28 @@ def free_port() -> int:
 
 
 def _port_range() -> tuple[int, int]:
-    """Ports below the ephemeral range: [10000, its start), or 10000-32767 if unreadable."""
+    """Ports below the ephemeral range: [10000, its start), or 10000-32767 if unreadable.
+
+    Under pytest-xdist each worker (and what it starts) takes its own slice of that range,
+    so that two workers never pick the same port between its check and its bind.
+    """
     try:
         first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first = 32768
-    return 10000, max(first, 20000)
+    return worker_slice(10000, max(first, 20000), os.environ)
+
+
+def worker_slice(low: int, high: int, env: Mapping[str, str]) -> tuple[int, int]:
+    """[low, high) cut in equal slices, one per pytest-xdist worker (all of it outside xdist)."""
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return low, high
+    index, total = int(worker[2:]), int(count)
+    if total < 1 or index >= total:
+        return low, high
+    size = (high - low) // total
+    return low + index * size, low + (index + 1) * size
 
 
 _PORT_RANGE = _port_range()
