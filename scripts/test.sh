@@ -27,6 +27,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 START=$SECONDS
+WORKERS="${CERTAGENT_TEST_WORKERS:-2}"
+[[ "$WORKERS" =~ ^[0-9]+$ ]] || { echo "CERTAGENT_TEST_WORKERS=$WORKERS: give a number (0: no workers)" >&2; exit 2; }
+WORKER_ARGS=(-n "$WORKERS")
+[ "$WORKERS" -eq 0 ] || WORKER_ARGS+=(--dist loadfile)
 
 bash scripts/install.sh --test
 
@@ -65,10 +69,6 @@ pytest_on() {
     return "$rc"
 }
 EXTRA=$#
-WORKERS="${CERTAGENT_TEST_WORKERS:-2}"
-[[ "$WORKERS" =~ ^[0-9]+$ ]] || { echo "CERTAGENT_TEST_WORKERS=$WORKERS: give a number (0: no workers)" >&2; exit 2; }
-WORKER_ARGS=(-n "$WORKERS")
-[ "$WORKERS" -eq 0 ] || WORKER_ARGS+=(--dist loadfile)
 
 lint_paths=()
 for path in agent tests bench demo; do
