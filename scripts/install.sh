@@ -5,8 +5,15 @@
 #     something is missing). Package scripts are not allowed to start services:
 #     whatever already runs on this machine (a Redis on 6379, another HAProxy)
 #     is left alone, and nothing new is started or stopped.
-#   - a virtualenv at .venv in the repository root with certagent installed
-#     editable with its test extras; skipped while pyproject.toml is unchanged.
+#   - a virtualenv at .venv in the repository root holding exactly the lock
+#     requirements/test.txt (runtime + test dependencies, hashes checked; made by
+#     scripts/lock.sh) and certagent installed editable; checked against the lock
+#     (scripts/lockcheck.py) every run, reinstalled when pyproject.toml or the lock changed.
+#   - with --latest (the canary: CERTAGENT_TEST_LATEST=1 bash scripts/test.sh): .venv-latest
+#     instead, with the newest releases pyproject.toml allows rather than the lock, upgraded
+#     every run; prints which packages differ from the lock.
+#   - with --test on Python 3.11: .venv-lowest, the lock requirements/lowest.txt (the lowest
+#     versions pyproject.toml admits, and mypy), for scripts/test.sh's second mypy run.
 #   - .venv/bin/promtool (tests check the agent's metrics with it): only that file,
 #     taken from Debian's prometheus package with `apt-get download` + dpkg-deb,
 #     so no Prometheus service is installed or started; skipped once it is there.
@@ -17,16 +24,21 @@
 set -euo pipefail
 
 WITH_TEST_TOOLS=""
+LATEST=""
 for arg in "$@"; do
     case "$arg" in
         --test) WITH_TEST_TOOLS=1 ;;
-        *) printf 'install: unknown option %s (only --test)\n' "$arg" >&2; exit 2 ;;
+        --latest) LATEST=1 ;;
+        *) printf 'install: unknown option %s (--test, --latest)\n' "$arg" >&2; exit 2 ;;
     esac
 done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
+[ -z "$LATEST" ] || VENV="$ROOT/.venv-latest"
 STAMP="$VENV/.certagent-installed"
+LOCK="$ROOT/requirements/test.txt"
+LOWEST_LOCK="$ROOT/requirements/lowest.txt"
 # gcc, libc6-dev and libssl-dev build the benchmark's C load generator (bench/tlsload.c);
 # systemd brings systemd-analyze, which checks the unit `certagent init --systemd` writes
 # (tests/integration/test_init.py; a minimal Debian image has no systemd).
@@ -100,34 +112,99 @@ command -v "$PYTHON" >/dev/null || die "$PYTHON not found (Debian 12 ships pytho
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
     die "certagent needs Python >= 3.11, $PYTHON is $("$PYTHON" -V 2>&1)"
 
-if [ ! -x "$VENV/bin/python" ]; then
-    say "creating virtualenv $VENV"
-    if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
-        rm -rf "$VENV"
+# A virtualenv at $1 (python -m venv; Debian's python3-venv installed when it is missing).
+make_venv() {
+    [ -x "$1/bin/python" ] && return 0
+    say "creating virtualenv $1"
+    if ! "$PYTHON" -m venv "$1" >/dev/null 2>&1; then
+        rm -rf "$1"
         pyver="$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
         say "python3 -m venv failed; installing python3-venv"
         if ! apt_install python3-venv "python$pyver-venv" 2>/dev/null; then
             DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
             apt_install python3-venv "python$pyver-venv"
         fi
-        "$PYTHON" -m venv "$VENV"
+        "$PYTHON" -m venv "$1"
     fi
-fi
+}
 
-want="$(sha256sum <"$ROOT/pyproject.toml" | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/certagent" ]; then
-    say "certagent already installed in .venv (pyproject.toml unchanged)"
-else
-    say "pip install -e '.[test]' into .venv"
-    log="$VENV/pip-install.log"
-    if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]" \
-        >"$log" 2>&1; then
+# pip in $1's environment, quietly, its output in $1/pip-install.log (shown when it fails)
+venv_pip() {
+    local venv="$1" log="$1/pip-install.log"
+    shift
+    if ! "$venv/bin/python" -m pip --disable-pip-version-check "$@" >>"$log" 2>&1; then
         tail -n 40 "$log" >&2
-        die "pip install failed (full log: $log)"
+        die "pip $* failed (full log: $log)"
     fi
-    printf '%s\n' "$want" >"$STAMP"
+}
+
+# $1's environment made exactly lock $2 (hashes checked, nothing else left installed);
+# with $3 = editable, certagent installed from this checkout too (no dependencies: the
+# lock has them; no build isolation: the lock's setuptools builds it, nothing unlocked).
+install_locked() {
+    local venv="$1" lock="$2" editable="${3:-}" extra
+    : >"$venv/pip-install.log"
+    venv_pip "$venv" install -q --require-hashes --no-deps -r "$lock"
+    # what an earlier lock installed and this one no longer has
+    extra="$("$venv/bin/python" "$ROOT/scripts/lockcheck.py" --extra "$lock")"
+    if [ -n "$extra" ]; then
+        say "removing what $(basename "$lock") no longer pins: $extra"
+        # shellcheck disable=SC2086  # one package name per word
+        venv_pip "$venv" uninstall -q -y $extra
+    fi
+    if [ -n "$editable" ]; then
+        venv_pip "$venv" install -q --no-deps --no-build-isolation -e "$ROOT"
+        # pyproject.toml asks for something the lock does not hold: the lock is stale
+        "$venv/bin/python" -m pip check >"$venv/pip-check.log" 2>&1 || {
+            cat "$venv/pip-check.log" >&2
+            die "$lock does not satisfy pyproject.toml: refresh it with bash scripts/lock.sh"
+        }
+    fi
+    "$venv/bin/python" "$ROOT/scripts/lockcheck.py" "$lock" ||
+        die "$venv does not hold exactly $lock (above)"
+}
+
+make_venv "$VENV"
+if [ -n "$LATEST" ]; then
+    # The canary: the newest releases pyproject.toml allows, whatever the lock says.
+    say "canary: the newest releases pyproject.toml allows into .venv-latest (not the lock)"
+    : >"$VENV/pip-install.log"
+    venv_pip "$VENV" install -q --upgrade --upgrade-strategy eager -e "$ROOT[test]"
+    "$VENV/bin/python" "$ROOT/scripts/lockcheck.py" --report "$LOCK" | sed 's/^/install: canary: /'
+else
+    want="$(cat "$ROOT/pyproject.toml" "$LOCK" | sha256sum | cut -d' ' -f1)"
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/certagent" ] &&
+        "$VENV/bin/python" "$ROOT/scripts/lockcheck.py" "$LOCK" 2>/dev/null; then
+        say "certagent and requirements/test.txt already installed in .venv (nothing changed)"
+    else
+        say "requirements/test.txt (hashes checked) and certagent (editable) into .venv"
+        rm -f "$STAMP"
+        install_locked "$VENV" "$LOCK" editable
+        printf '%s\n' "$want" >"$STAMP"
+    fi
 fi
 say "ready: $("$VENV/bin/certagent" --version), $("$VENV/bin/python" -V)"
+
+# --- the lowest versions, for a second mypy run (scripts/test.sh) ------------------------
+# requirements/lowest.txt is resolved for Python 3.11 (Debian 12): the oldest releases of
+# some dependencies have no wheels for newer Pythons.
+if [ -n "$WITH_TEST_TOOLS" ] && [ -z "$LATEST" ]; then
+    if "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+        LOWEST="$ROOT/.venv-lowest"
+        want="$(sha256sum <"$LOWEST_LOCK" | cut -d' ' -f1)"
+        if [ -f "$LOWEST/.certagent-installed" ] && [ "$(cat "$LOWEST/.certagent-installed")" = "$want" ]; then
+            say "requirements/lowest.txt already installed in .venv-lowest"
+        else
+            say "requirements/lowest.txt (the lowest versions pyproject.toml admits) into .venv-lowest"
+            make_venv "$LOWEST"
+            rm -f "$LOWEST/.certagent-installed"
+            install_locked "$LOWEST" "$LOWEST_LOCK"
+            printf '%s\n' "$want" >"$LOWEST/.certagent-installed"
+        fi
+    else
+        say "no .venv-lowest: requirements/lowest.txt is for Python 3.11 (this is $("$PYTHON" -V 2>&1))"
+    fi
+fi
 
 # --- promtool ------------------------------------------------------------------------
 # One static binary out of Debian's prometheus package (19 MB download, 96 MB installed with

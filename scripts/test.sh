@@ -19,6 +19,12 @@
 # run that selects no test is reported and passes. CERTAGENT_TEST_VERSIONS="2.6 3.2" runs
 # only those versions.
 #
+# The environment is .venv, exactly the lock requirements/test.txt (scripts/install.sh checks
+# it); mypy also runs in .venv-lowest, the lowest versions pyproject.toml admits
+# (requirements/lowest.txt; Python 3.11 only). CERTAGENT_TEST_LATEST=1 is the canary: the same
+# checks in .venv-latest, with the newest releases pyproject.toml allows instead of the lock,
+# listing the packages that differ from it (README, "Dependencies": from a canary to a new lock).
+#
 # Each pytest run spreads its test modules over CERTAGENT_TEST_WORKERS processes (pytest-xdist,
 # --dist loadfile: a module's tests stay together; default 2): one worker left half of a 2-CPU
 # machine idle, waiting on HAProxy, Redis, pebble and timeouts. 0 runs everything in one process.
@@ -32,9 +38,16 @@ WORKERS="${CERTAGENT_TEST_WORKERS:-2}"
 WORKER_ARGS=(-n "$WORKERS")
 [ "$WORKERS" -eq 0 ] || WORKER_ARGS+=(--dist loadfile)
 
-bash scripts/install.sh --test
-
-BIN="$ROOT/.venv/bin"
+LATEST="${CERTAGENT_TEST_LATEST:-}"
+[ "$LATEST" != 0 ] || LATEST=""
+if [ -n "$LATEST" ]; then
+    bash scripts/install.sh --test --latest
+    BIN="$ROOT/.venv-latest/bin"
+    echo "== the canary: newest releases in .venv-latest, not the lock (CERTAGENT_TEST_LATEST=$LATEST)"
+else
+    bash scripts/install.sh --test
+    BIN="$ROOT/.venv/bin"
+fi
 VERSIONS="${CERTAGENT_TEST_VERSIONS:-2.6 3.0 3.2 3.4}"
 failed=()
 timings=()
@@ -77,6 +90,12 @@ done
 
 step ruff "$BIN/ruff" check "${lint_paths[@]}"
 step mypy "$BIN/mypy"
+if [ -z "$LATEST" ] && [ -x "$ROOT/.venv-lowest/bin/mypy" ]; then
+    # the same code against the lowest releases pyproject.toml admits: a typing difference
+    # (or an API used that a floor lacks) between the two ends of a range shows here
+    step "mypy, lowest versions" "$ROOT/.venv-lowest/bin/mypy" \
+        --cache-dir .mypy_cache/lowest
+fi
 # the layers of pyproject.toml's [tool.importlinter] (which package may import which; no cycles)
 step import-layers "$BIN/lint-imports" --no-cache
 
@@ -126,6 +145,10 @@ done
 echo
 printf 'test.sh: %s\n' "${timings[@]}"
 printf 'test.sh: %d s in all\n' "$((SECONDS - START))"
+if [ -n "$LATEST" ]; then
+    echo "test.sh: the canary ran on the newest releases; what differs from the lock:"
+    "$BIN/python" scripts/lockcheck.py --report requirements/test.txt | sed 's/^/test.sh:   /'
+fi
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "test.sh: FAILED: ${failed[*]}"
     exit 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,8 @@ from tests.integration.conftest import StackFactory
 
 pytestmark = pytest.mark.integration
 
-PROMTOOL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "promtool"
+# scripts/install.sh puts it beside the Python of the environment it makes
+PROMTOOL = Path(sys.executable).with_name("promtool")
 
 
 def scrape(url: str) -> tuple[str, str]:

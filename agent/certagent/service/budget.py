@@ -29,19 +29,26 @@ call touching at most four keys; nothing grows with the number of certificates.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from publicsuffixlist import PublicSuffixList
+from typing import Protocol, cast
 
 from certagent.config import Settings
 from certagent.store.renewals import BudgetWindow, Renewals
 
-__all__ = ["BudgetCounters", "BudgetSettings", "IssueBudget", "registered_domain"]
+__all__ = [
+    "BudgetCounters",
+    "BudgetSettings",
+    "IssueBudget",
+    "Suffixes",
+    "public_suffix_list",
+    "registered_domain",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +90,24 @@ def new_share(limit: int, reserve: float) -> int:
     return max(1, math.floor(limit * (1.0 - reserve)))
 
 
-def registered_domain(suffixes: PublicSuffixList, name: str) -> str:
+class Suffixes(Protocol):
+    """What the budget asks of the Public Suffix List (``publicsuffixlist.PublicSuffixList``)."""
+
+    def privatesuffix(self, domain: str) -> str | None: ...
+
+
+def public_suffix_list() -> Suffixes:
+    """The Public Suffix List of the ``publicsuffixlist`` package, parsed (~0.1 s).
+
+    Imported by name and typed by :class:`Suffixes`: the package ships type information
+    from 1.1 on and not before, so a plain import would type-check against one end of
+    the supported range only (an untyped import below 1.1, an unused ignore above).
+    """
+    module = importlib.import_module("publicsuffixlist")
+    return cast(Suffixes, module.PublicSuffixList())
+
+
+def registered_domain(suffixes: Suffixes, name: str) -> str:
     """The registered domain (eTLD+1) of validated ``name``; a wildcard counts as its base.
 
     A name that is itself a public suffix (or a single label) is its own group.
@@ -100,7 +124,7 @@ class IssueBudget:
         renewals: Renewals,
         settings: BudgetSettings,
         *,
-        suffixes: PublicSuffixList | None = None,
+        suffixes: Suffixes | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.renewals = renewals
@@ -128,9 +152,9 @@ class IssueBudget:
         return tuple(out)
 
     @property
-    def suffixes(self) -> PublicSuffixList:
+    def suffixes(self) -> Suffixes:
         if self._suffixes is None:
-            self._suffixes = PublicSuffixList()
+            self._suffixes = public_suffix_list()
         return self._suffixes
 
     async def take(self, name: str, *, renewal: bool) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from publicsuffixlist import PublicSuffixList
 
 from certagent import config
 from certagent.errors import ConfigError
@@ -13,6 +12,7 @@ from certagent.service.budget import (
     BudgetSettings,
     IssueBudget,
     new_share,
+    public_suffix_list,
     registered_domain,
 )
 from certagent.service.metrics import render
@@ -22,7 +22,7 @@ from tests.unit.service.test_metrics_text import samples, snapshot
 from tests.unit.service.test_renewal_metrics import issuance
 
 T0 = 1_800_000_000.0  # a whole hour (and a whole week) in Unix seconds
-SUFFIXES = PublicSuffixList()
+SUFFIXES = public_suffix_list()
 
 
 class Clock:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
@@ -43,6 +43,11 @@ __all__ = ["MAX_CONNECTIONS", "close_client", "connect", "redis_errors"]
 MAX_CONNECTIONS = 32
 # A Redis Cluster client opens up to this many connections per node (more fail).
 _CLUSTER_CONNECTIONS = 256
+
+#: Sentinel's constructor through a typed name: redis-py types ``Sentinel.__init__`` from 8.2
+#: on and not before, so a direct call needs an ignore under the oldest supported redis-py
+#: (5.3) that is an unused ignore under the newest; this holds across the whole range.
+_new_sentinel: Callable[..., Sentinel] = Sentinel
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -87,7 +92,7 @@ def connect(
             asked.update(username=ha.username, password=ha.password)
         elif ha.sentinel_password is not None or ha.sentinel_username is not None:
             asked.update(username=ha.sentinel_username, password=ha.sentinel_password)
-        sentinel = Sentinel(list(ha.nodes), sentinel_kwargs=asked)  # type: ignore[no-untyped-call]
+        sentinel = _new_sentinel(list(ha.nodes), sentinel_kwargs=asked)
         client: redis.asyncio.Redis = sentinel.master_for(
             ha.service,
             redis_class=redis.asyncio.Redis,
