@@ -101,7 +101,7 @@ async def fill(store: RedisStore, ca: CA, count: int, layout: int) -> float:
     if layout == 1:
         return await fill_layout1(store, ca, count)
     bulk = store.bulk()
-    encoder = bulk.encoder()
+    encoder = await bulk.encoder()
     started = time.monotonic()
     for first in range(0, count, BATCH):
         now = datetime.now(UTC).replace(microsecond=0)

@@ -192,6 +192,7 @@ async def test_the_commit_checks_the_fence_and_takes_everything_back(
     key = store.keys.lease("fence.acme.test")
     assert store.keyring is not None
     writer = store._writer  # the store's writer, as add_issued uses it
+    await store.fleet().state()  # what the store's own writes do first: a new store, format 2
     record = RecordEncoder(store.keyring).prepare(bundle, datetime.now(UTC), managed="acme")
     await store._client.set(key, "7 node-2")
     outcome = await writer.add(record, Fence(key, "1 node-1", lease))

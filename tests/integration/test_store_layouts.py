@@ -49,17 +49,21 @@ async def chain_keys(store: RedisStore, any_store: RedisFixture) -> list[bytes]:
 
 
 @SINGLE_OR_CLUSTER
-async def test_a_store_written_before_layout_2_keeps_working(
+async def test_a_store_written_before_layout_2_keeps_format_1_until_finalized(
     store: RedisStore, any_store: RedisFixture, pki: PKI
 ) -> None:
+    """A store of an earlier release (hashes, no format number) is read and written in
+    format 1, which every release reads, until ``fleet finalize`` moves it to format 2
+    and rewrites its records online."""
     ring = store.keyring
     assert ring is not None
     client = store._client
     old = [pki.bundle(f"o{i}.layout.test", f"www.o{i}.layout.test") for i in range(4)]
     records = [await add_layout1(client, store.keys, ring, b) for b in old]
+    state = await store.fleet().state()
+    assert (state.number, state.marked) == (1, False)  # a store with records stays format 1
     new = await store.add(pki.bundle("n.layout.test"))
-    assert [await kind_of(store, r.id) for r in records] == [b"hash"] * 4
-    assert await kind_of(store, new.id) == b"string"
+    assert [await kind_of(store, r.id) for r in [*records, new]] == [b"hash"] * 5
 
     # reads: lookups, get, list, names
     for record, bundle in zip(records, old, strict=True):
@@ -88,9 +92,9 @@ async def test_a_store_written_before_layout_2_keeps_working(
         marked = await store.get(cert_id)
         assert marked is not None and marked.managed == "acme"
 
-    # a replace rewrites the record as layout 2: id kept, version + 1, names moved
+    # a replace writes format 1 too: id kept, version + 1, names moved
     replaced = await store.replace(records[0].id, pki.bundle("o0.layout.test", "x.layout.test"))
-    assert replaced.version == 2 and await kind_of(store, records[0].id) == b"string"
+    assert replaced.version == 2 and await kind_of(store, records[0].id) == b"hash"
     assert await store.lookup("www.o0.layout.test") is None
     again = await store.lookup("x.layout.test")
     assert again is not None and again.id == records[0].id
@@ -103,29 +107,96 @@ async def test_a_store_written_before_layout_2_keeps_working(
     with pytest.raises(NotFound):
         await store.delete(records[3].id)
 
-    # keys rotate: every key re-encrypted, the old records rewritten in layout 2 (online:
-    # nothing else changes, no event)
+    # keys rotate re-encrypts every key and keeps each hash a hash (base64 tokens, as
+    # releases before 0.2.0 read them); no event
     k2 = keycrypt.generate_key_line("k2")
     both = KeyRing(keys=(*KeyRing.from_text(k2).keys, *ring.keys), current="k2")
     rotating = RedisStore(any_store.url, keyring=both)
     events_before = len((await store.changes("0-0", 0))[0])
     before = {r.id: await store.get(r.id) for r in [*records[:3], new]}
     try:
-        assert await rotating.rotate_keys() == 4  # o0 (now layout 2), o1, o2, n
+        assert await rotating.rotate_keys() == 4  # o0, o1, o2, n
     finally:
         await rotating.close()
     assert len((await store.changes("0-0", 0))[0]) == events_before
+    for cert_id in before:
+        assert await kind_of(store, cert_id) == b"hash"
+        token = await client.hget(store.keys.cert(cert_id), "key")
+        assert token.startswith(b"cak1:k2:")
     only_k2 = RedisStore(any_store.url, keyring=KeyRing.from_text(k2))
     try:
         for host in ("x.layout.test", "o1.layout.test", "www.o2.layout.test", "n.layout.test"):
             assert await only_k2.lookup(host) is not None, host
+
+        # finalize: format 2, then the migration rewrites every hash (online, no event)
+        board = only_k2.fleet()
+        moved = await board.finalize(2, "test-node")
+        assert (moved.number, moved.marked, moved.node) == (2, True, "test-node")
+        report = await board.migrate()
+        assert (report.scanned, report.rewritten, report.left) == (4, 4, 0)
+        assert len((await store.changes("0-0", 0))[0]) == events_before
         for cert_id, record in before.items():
             assert await kind_of(only_k2, cert_id) == b"string"
             assert await only_k2.get(cert_id) == record  # version, dates, managed kept
         found = await only_k2.lookup("o1.layout.test")
         assert found is not None and found.ocsp == der  # the OCSP response kept
+        # a second run finds nothing left; the format never moves down
+        assert (await board.migrate()).rewritten == 0
+        assert (await board.finalize(1, "test-node")).number == 2
+        # and every write from now on is format 2, by any writer of this store
+        later = await only_k2.add(pki.bundle("later.layout.test"))
+        assert await kind_of(only_k2, later.id) == b"string"
+        after = await store.replace(new.id, pki.bundle("n.layout.test"))
+        assert after.version == 2 and await kind_of(store, new.id) == b"string"
     finally:
         await only_k2.close()
+
+
+@SINGLE_OR_CLUSTER
+async def test_a_new_store_starts_at_the_newest_format(
+    store: RedisStore, any_store: RedisFixture, pki: PKI
+) -> None:
+    record = await store.add(pki.bundle("new.format.test"))
+    state = await store.fleet().state()
+    assert (state.number, state.marked) == (2, True)
+    assert await kind_of(store, record.id) == b"string"
+    added = await store.bulk().add_many([pki.bundle(f"b{i}.format.test") for i in range(3)])
+    for result in added:
+        assert not isinstance(result, Exception)
+        assert await kind_of(store, result.id) == b"string"
+
+
+async def test_a_write_encoded_before_a_finalize_is_encoded_again(
+    redis_store: RedisFixture, pki: PKI
+) -> None:
+    """One Redis checks the format in every write's transaction or script: a writer that
+    saw format 1 before ``fleet finalize`` writes format 2 after it, never a stale hash."""
+    seen = redis_store.open()
+    other = redis_store.open()
+    try:
+        assert seen.keyring is not None
+        await add_layout1(seen._client, seen.keys, seen.keyring, pki.bundle("a.race.test"))
+        first = await seen.add(pki.bundle("b.race.test"))  # format 1, remembered
+        assert await kind_of(seen, first.id) == b"hash"
+        await other.fleet().finalize(2, "elsewhere")
+        single = await seen.add(pki.bundle("c.race.test"))
+        assert await kind_of(seen, single.id) == b"string"
+        await other.fleet().finalize(2, "elsewhere")
+        late = redis_store.open()
+        try:
+            assert late.keyring is not None
+            await late.add(pki.bundle("d.race.test"))  # remembers format 2
+            await late._client.delete(late.keys.store_format())  # as if format 1 again
+            stale = late.bulk()
+            batch = await stale.add_many([pki.bundle(f"e{i}.race.test") for i in range(3)])
+            for result in batch:
+                assert not isinstance(result, Exception)
+                assert await kind_of(late, result.id) == b"hash"
+        finally:
+            await late.close()
+    finally:
+        await seen.close()
+        await other.close()
 
 
 @SINGLE_OR_CLUSTER
@@ -218,16 +289,16 @@ async def test_a_layout1_record_written_meanwhile_is_not_rewritten(
 
 
 @SINGLE_OR_CLUSTER
-async def test_lookups_never_miss_while_keys_rotate_rewrites_a_store(
+async def test_lookups_never_miss_while_the_migration_rewrites_a_store(
     store: RedisStore, any_store: RedisFixture, pki: PKI
 ) -> None:
-    """The migration runs online: a reader serving throughout finds every record, whichever
-    layout it is in at that moment."""
+    """The migration (``fleet finalize``) runs online: a reader serving throughout finds
+    every record, whichever layout it is in at that moment."""
     assert store.keyring is not None
     names = [f"m{i}.online.test" for i in range(60)]
     for name in names:
         await add_layout1(store._client, store.keys, store.keyring, pki.bundle(name))
-    rotating = any_store.open()
+    migrating = any_store.open()
     done = asyncio.Event()
     misses: list[str] = []
     served = 0
@@ -240,18 +311,19 @@ async def test_lookups_never_miss_while_keys_rotate_rewrites_a_store(
                     misses.append(name)
                 served += 1
 
-    async def rotate() -> int:
+    async def migrate() -> int:
         try:
-            return await rotating.rotate_keys()
+            await migrating.fleet().finalize(2, "test")
+            return (await migrating.fleet().migrate()).rewritten
         finally:
             done.set()
 
     reader = asyncio.create_task(serve())
     try:
-        assert await rotate() == 60
+        assert await migrate() == 60
     finally:
         await reader
-        await rotating.close()
+        await migrating.close()
     assert misses == [] and served >= len(names)
     for record in (await store.list(limit=100)).records:
         assert await kind_of(store, record.id) == b"string"

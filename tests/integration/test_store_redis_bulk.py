@@ -260,7 +260,7 @@ async def test_without_script_permission_transactions_write_the_same(
         await raw.acl_deluser("noscript")
     assert [type(r) for r in first] == [CertRecord, CertRecord, CertRecord, DuplicateCertificate]
     assert all(isinstance(r, CertRecord) for r in second)
-    assert caplog.text.count("scripts are not allowed") == 1
+    assert caplog.text.count("bulk adds now take one MULTI/EXEC") == 1  # logged once
     assert "pw@" not in caplog.text
     assert await snapshot(raw, Keys("ns:"), ring) == await snapshot(raw, Keys("s:"), ring)
 
@@ -272,7 +272,7 @@ async def test_an_id_already_taken_is_drawn_again(
     draws = iter([existing.id, existing.id, "00000000000000aa"])
     monkeypatch.setattr(secrets, "token_hex", lambda n: next(draws))
     new = pki.bundle("new.bulk.test")
-    prepared = store.bulk().encoder().prepare(new, FIXED)
+    prepared = (await store.bulk().encoder()).prepare(new, FIXED)
     assert isinstance((await store.bulk().add_prepared([prepared]))[0], IdTaken)
     (result,) = await store.bulk().add_many([new])
     assert isinstance(result, CertRecord)
@@ -302,7 +302,7 @@ async def test_no_plaintext_key_in_redis(
         values = await raw.get(key)
         assert b"PRIVATE KEY" not in values
         assert key_body not in values
-    encoder = store.bulk().encoder()
+    encoder = await store.bulk().encoder()
     assert "k1" in repr(encoder)
     assert repr(encoder.ring.keys[0][1]) not in repr(encoder)
     assert "fields" not in repr(encoder.prepare(batch[0], FIXED))
@@ -311,8 +311,10 @@ async def test_no_plaintext_key_in_redis(
 # --- packed writes (add_wire: what cert import's workers send) -------------------------------
 
 
-def wire(store: RedisStore, batch: list[CertBundle], now: dt.datetime = FIXED) -> list[WireRecord]:
-    encoder = store.bulk().encoder()
+async def wire(
+    store: RedisStore, batch: list[CertBundle], now: dt.datetime = FIXED
+) -> list[WireRecord]:
+    encoder = await store.bulk().encoder()
     out = [encoder.encode(b, now) for b in batch]
     assert all(isinstance(r, WireRecord) for r in out)
     return [r for r in out if isinstance(r, WireRecord)]
@@ -325,7 +327,7 @@ async def test_packed_writes_store_what_add_many_stores(
     packed = RedisStore(redis_store.url, keyring=ring, prefix="wire:")
     prepared = RedisStore(redis_store.url, keyring=ring, prefix="prep:")
     try:
-        records = wire(packed, batch)
+        records = await wire(packed, batch)
         results = await packed.bulk().add_wire(records)
         await prepared.bulk().add_many(batch)
     finally:
@@ -343,8 +345,8 @@ async def test_packed_writes_find_duplicates_wrong_types_and_lost_scripts(
     first = await store.add(stored)
     await raw.set(KEYS.name("h2.bulk.test"), b"not a set")
     await raw.script_flush()  # the next write finds no script: it loads it and sends again
-    again = wire(store, [new1])[0]
-    results = await store.bulk().add_wire([*wire(store, [stored, new1, bad, new2]), again])
+    again = (await wire(store, [new1]))[0]
+    results = await store.bulk().add_wire([*(await wire(store, [stored, new1, bad, new2])), again])
     assert isinstance(results[0], DuplicateCertificate)
     assert first.id in str(results[0])
     assert isinstance(results[1], WireRecord)
@@ -368,11 +370,12 @@ async def test_packed_writes_without_script_permission_are_added_alone(
     limited = RedisStore(f"redis://noscript:pw@127.0.0.1:{port}", keyring=ring)
     try:
         with caplog.at_level(logging.WARNING):
-            first = await limited.bulk().add_wire(wire(limited, bundles(pki, 3)))
-            assert limited.bulk().encoder().call is None  # later batches are prepared records
+            first = await limited.bulk().add_wire(await wire(limited, bundles(pki, 3)))
+            # later batches are prepared records
+            assert (await limited.bulk().encoder()).call is None
     finally:
         await limited.close()
         await raw.acl_deluser("noscript")
     assert [type(r) for r in first] == [AddAlone] * 3
-    assert caplog.text.count("scripts are not allowed") == 1
+    assert caplog.text.count("bulk adds now take one MULTI/EXEC") == 1  # logged once
     assert await raw.zcard(KEYS.ids()) == 0  # nothing written: each is added alone instead

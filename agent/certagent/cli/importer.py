@@ -270,7 +270,7 @@ async def _import_in_batches(
     are listed as batches are made: memory holds the batches in flight, not
     the whole directory.
     """
-    encoder = bulk.encoder()
+    encoder = await bulk.encoder()
     loop = asyncio.get_running_loop()
     batches = iter(lambda: tuple(itertools.islice(items, batch)), ())  # read as they go
     pending: deque[tuple[tuple[ImportItem, ...], asyncio.Future[list[_Outcome]]]] = deque()

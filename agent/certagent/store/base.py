@@ -10,7 +10,8 @@ A caller asks for the role it uses, not for a kind of store:
   none: :meth:`Store.ticket_ring` (:class:`RingStore`), :meth:`Store.data_keys`
   (:class:`DataKeys`), :meth:`Store.bulk` (:class:`BulkWriter`),
   :meth:`Store.issuance` (:class:`~certagent.store.issuance.Issuance`),
-  :meth:`Store.filter_snapshot` (:class:`SnapshotSlot`).
+  :meth:`Store.filter_snapshot` (:class:`SnapshotSlot`); every store has
+  :meth:`Store.fleet` (:class:`FleetBoard`).
 
 Implementations: :class:`~certagent.store.redis.RedisStore` and
 :class:`~certagent.store.directory.DirectoryStore`.  A wrapper that changes one
@@ -29,6 +30,7 @@ from certagent.certs.ocsp import OcspFacts
 from certagent.certs.pem import CertBundle
 from certagent.certs.stored import StoredCertificate
 from certagent.certs.ticketkeys import TicketRing
+from certagent.store.formats import FormatState, Migration, NodeInfo, NodeSeen
 from certagent.store.issuance import Issuance
 from certagent.store.unreadable import UnreadableRecords
 from certagent.store.values import (
@@ -55,6 +57,7 @@ __all__ = [
     "ChangeFeed",
     "ChangeKind",
     "DataKeys",
+    "FleetBoard",
     "IdTaken",
     "Issuance",
     "Lifecycle",
@@ -249,6 +252,49 @@ class DataKeys(Protocol):
         ...
 
 
+class FleetBoard(Protocol):
+    """The store's format and the fleet's board of nodes (:mod:`certagent.store.formats`).
+
+    A store shared by a fleet (Redis) keeps both; a directory has one format and no
+    board (its :meth:`nodes` is empty, its :meth:`beat` a no-op).
+    """
+
+    def describe(self) -> str: ...
+
+    @property
+    def newest(self) -> int:
+        """The newest format this release writes for this kind of store."""
+        ...
+
+    async def state(self, *, node: str = "") -> FormatState:
+        """The store's active format.  A store holding no record and no format yet is
+        marked at the newest format first (a new store starts finalized).  O(nodes)."""
+        ...
+
+    async def beat(self, node: str, info: NodeInfo, ttl: float) -> FormatState:
+        """``node`` runs ``info`` for ``ttl`` s more; the store's format as of then.  O(nodes)."""
+        ...
+
+    async def leave(self, node: str, info: NodeInfo) -> None:
+        """``node`` stops: listed as stopped from now, for a while."""
+        ...
+
+    async def nodes(self) -> tuple[NodeSeen, ...]:
+        """The nodes on the board, running or stopped recently, by name.  O(nodes)."""
+        ...
+
+    async def finalize(self, target: int, node: str) -> FormatState:
+        """Move the store's format up to ``target`` (never down); the state afterwards.
+
+        The caller checked :func:`~certagent.store.formats.holding_back` first.
+        """
+        ...
+
+    async def migrate(self, progress: Callable[[Migration], None] | None = None) -> Migration:
+        """Rewrite the records held in a format older than the active one.  O(N), online."""
+        ...
+
+
 class SnapshotSlot(Protocol):
     """Where agents keep the name filter's snapshot (:meth:`Store.filter_snapshot`): one blob."""
 
@@ -267,7 +313,8 @@ class RecordEncoder(Protocol):
     """Encodes new records for :meth:`BulkWriter.add_prepared`: pure, no I/O, picklable."""
 
     def prepare(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord:
-        """``bundle`` under a new random id, version 1, its key encrypted for that id."""
+        """``bundle`` under a new random id, version 1, its key encrypted for that id, in
+        the store format the encoder was made for."""
         ...
 
     def encode(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord | WireRecord:
@@ -282,8 +329,11 @@ class RecordEncoder(Protocol):
 class BulkWriter(Protocol):
     """Many adds per round trip, records encoded ahead (``certagent cert import``)."""
 
-    def encoder(self) -> RecordEncoder:
-        """Encodes new records (in worker processes too); ConfigError without a key file."""
+    async def encoder(self) -> RecordEncoder:
+        """Encodes new records (in worker processes too) in the store's active format.
+
+        ConfigError without a key file.
+        """
         ...
 
     async def add_many(self, bundles: Sequence[CertBundle]) -> list[AddResult]:
@@ -334,6 +384,10 @@ class Store(Reader, Writer, ChangeFeed, OcspWriter, Lifecycle, Protocol):
 
         None if this store cannot keep it.
         """
+        ...
+
+    def fleet(self) -> FleetBoard:
+        """The store's format and the fleet's board (:mod:`certagent.store.formats`)."""
         ...
 
     def filter_snapshot(self) -> SnapshotSlot | None:

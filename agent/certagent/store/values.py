@@ -82,12 +82,21 @@ class PreparedRecord:
     leaves it out anyway.  ``expiry``: its notAfter in Unix seconds.
     ``shared``: what the record refers to and the store keeps once for many
     records (the Redis store: the chain of issuers' certificates), or ``b""``.
+    ``fields``: a record in a store format whose records are hashes (the Redis
+    store's format 1, :mod:`certagent.store.formats`): its fields and values in
+    turn, and then ``payload`` is ``b""``.
     """
 
     record: CertRecord
     payload: bytes = field(repr=False)
     expiry: float
     shared: bytes = field(default=b"", repr=False)
+    fields: tuple[bytes, ...] = field(default=(), repr=False)
+
+    @property
+    def layout(self) -> int:
+        """The store format this record is encoded in: 1 (a hash) or 2 (one string)."""
+        return 1 if self.fields else 2
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from certagent.store.base import (
     Change,
     ChangeFeed,
     DataKeys,
+    FleetBoard,
     Issuance,
     OcspWriter,
     Page,
@@ -128,3 +129,6 @@ class StoreView:
 
     def filter_snapshot(self) -> SnapshotSlot | None:
         return self._store.filter_snapshot()
+
+    def fleet(self) -> FleetBoard:
+        return self._store.fleet()

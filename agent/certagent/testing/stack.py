@@ -83,6 +83,9 @@ class Stack:
     log_dir: Path | None = None  # default: ``directory``
     address: str = "127.0.0.1"  # where fe_sni listens (a loopback address)
     haproxy_binary: str | None = None  # default: :data:`HAPROXY`
+    #: the ``certagent`` command this node runs (default: this venv's); an earlier
+    #: release's (:mod:`certagent.testing.builds`) for a mixed-version fleet
+    agent_cmd: list[str] | None = None
     settings: config.Settings = field(init=False)
     default_der: bytes = field(init=False)  # the fallback certificate clients may get
     haproxy: HAProxyProcess = field(init=False)
@@ -123,12 +126,14 @@ class Stack:
         init_args: Sequence[str] = (),
         address: str = "127.0.0.1",
         haproxy_binary: str | None = None,
+        agent_cmd: Sequence[str] | None = None,
     ) -> Stack:
         """``certagent init`` into ``directory`` (loopback, a free port); nothing started.
 
         ``run_dir`` (unix sockets) defaults to a fresh ``/tmp/ca-*`` that
         :meth:`close` removes; ``haproxy_binary`` (default :data:`HAPROXY`) is the HAProxy
-        it runs.  The agent gets a clean environment: PATH,
+        it runs; ``agent_cmd`` the ``certagent`` command that makes the directory and runs
+        the agent and the CLI (default: this venv's).  The agent gets a clean environment: PATH,
         PYTHONPATH, ``CERTAGENT_KEY_FILE`` (if ``key_file``) and ``env``.  With a
         Redis store, ``key_file`` is also the configuration's data key (``init
         --data-key``), so ``certagent cert ... --config`` encrypts with the agent's key.
@@ -145,7 +150,7 @@ class Stack:
         try:
             subprocess.run(
                 [
-                    *certagent_argv(), "init", str(directory),
+                    *(agent_cmd or certagent_argv()), "init", str(directory),
                     "--bind", f"{address}:{port}",
                     "--store", store,
                     "--capacity", str(capacity),
@@ -171,7 +176,17 @@ class Stack:
         if key_file is not None:
             agent_env["CERTAGENT_KEY_FILE"] = str(key_file)
         agent_env.update(env or {})
-        stack = cls(directory, run_dir, port, cafile, agent_env, log_dir, address, haproxy_binary)
+        stack = cls(
+            directory,
+            run_dir,
+            port,
+            cafile,
+            agent_env,
+            log_dir,
+            address,
+            haproxy_binary,
+            list(agent_cmd) if agent_cmd is not None else None,
+        )
         stack._owns_run_dir = owns_run_dir
         return stack
 
@@ -269,6 +284,11 @@ class Stack:
         return problems
 
     # agent
+    @property
+    def argv(self) -> list[str]:
+        """The ``certagent`` command of this node (:attr:`agent_cmd`, or this venv's)."""
+        return self.agent_cmd or certagent_argv()
+
     def start_agent(
         self, *, wait: bool = True, timeout: float = START_TIMEOUT
     ) -> subprocess.Popen[bytes]:
@@ -276,7 +296,7 @@ class Stack:
         if self.agent is not None and self.agent.poll() is None:
             raise StackError("the agent is already running")
         self.agent = spawn(
-            [*certagent_argv(), "run", "--config", str(self.config_path)],
+            [*self.argv, "run", "--config", str(self.config_path)],
             self.agent_log_path,
             self.env,
         )
@@ -323,7 +343,7 @@ class Stack:
     def cli(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
         """``certagent <command> --config <toml> ...`` with the agent's environment."""
         return subprocess.run(
-            [*certagent_argv(), command, "--config", str(self.config_path), *args],
+            [*self.argv, command, "--config", str(self.config_path), *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -334,7 +354,7 @@ class Stack:
     def command(self, *words: str) -> subprocess.CompletedProcess[str]:
         """``certagent <words...> --config <toml>``, e.g. ``("cert", "ls", "--json")``."""
         return subprocess.run(
-            [*certagent_argv(), *words, "--config", str(self.config_path)],
+            [*self.argv, *words, "--config", str(self.config_path)],
             env=self.env,
             capture_output=True,
             text=True,

@@ -64,6 +64,7 @@ from certagent.errors import NotFound, StoreCorrupt, StoreError, StoreUnavailabl
 from certagent.store.base import CertRecord, Change, Issuance, Page, StoredCertificate
 from certagent.store.directory import _files
 from certagent.store.directory._files import ocsp_path
+from certagent.store.directory._fleet import DirectoryFleet
 from certagent.store.directory._index import FULLCHAIN, LIVE, PRIVKEY, file_stem
 from certagent.store.directory._issuance import directory_issuance
 from certagent.store.directory._records import Records, spellings
@@ -171,6 +172,10 @@ class DirectoryStore:
     def bulk(self) -> None:
         """None: records are added one by one."""
         return None
+
+    def fleet(self) -> DirectoryFleet:
+        """The directory's format, and an empty board (:mod:`._fleet`)."""
+        return DirectoryFleet(self._root, self._uri, self._run)
 
     def filter_snapshot(self) -> None:
         """None: positions in this store's change feed do not outlive the process.

@@ -32,7 +32,7 @@ inserts).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 from certagent.certs.keycrypt import KeyRing
@@ -49,7 +49,14 @@ from certagent.store.base import (
 )
 from certagent.store.redis._connection import redis_errors
 from certagent.store.redis._records import RecordEncoder
-from certagent.store.redis._writer import ATTEMPTS, RecordWriter, Stored, WireWriter, duplicate
+from certagent.store.redis._writer import (
+    ATTEMPTS,
+    FormatMoved,
+    RecordWriter,
+    Stored,
+    WireWriter,
+    duplicate,
+)
 
 __all__ = ["BulkAdds"]
 
@@ -67,6 +74,7 @@ class BulkAdds:
         shown: str,
         ring_for: Callable[[str], KeyRing],
         now: Callable[[], datetime],
+        layout: Callable[[], Awaitable[int]],  # the store's active format (cached on one Redis)
         *,
         wire: WireWriter | None = None,
     ) -> None:
@@ -75,14 +83,19 @@ class BulkAdds:
         self.shown = shown
         self._ring_for = ring_for
         self._now = now
+        self._layout = layout
 
-    def encoder(self) -> RecordEncoder:
-        """Encodes new records for :meth:`add_prepared` (and, one Redis, :meth:`add_wire`).
+    async def encoder(self) -> RecordEncoder:
+        """Encodes new records for :meth:`add_prepared` (and, one Redis, :meth:`add_wire`)
+        in the store's active format (packed ahead only in format 2).
 
-        ConfigError without a key file.
+        ConfigError without a key file; StoreFormatError at a format this release does
+        not know.
         """
-        call = self._wire.add_call() if self._wire is not None else None
-        return RecordEncoder(self._ring_for("store certificates"), call)
+        ring = self._ring_for("store certificates")
+        layout = await self._layout()
+        call = self._wire.add_call() if self._wire is not None and layout == 2 else None
+        return RecordEncoder(ring, call, layout)
 
     async def add_many(self, bundles: Sequence[CertBundle]) -> list[AddResult]:
         """Add new records (validated by the caller) in one round trip.
@@ -92,24 +105,34 @@ class BulkAdds:
         cannot be written.  Each record is written as ``RedisStore.add`` writes
         one, atomically, its ``put`` event with it.  Raises StoreUnavailable if
         Redis cannot be reached: records of this call may then be stored or
-        not, each entirely or not at all.  An id found taken is drawn again.
+        not, each entirely or not at all.  An id found taken is drawn again; a
+        record encoded in a format the store has left (``fleet finalize`` ran) is
+        encoded again in the new one.
         """
-        encoder = RecordEncoder(self._ring_for("store certificates"))
-        results: list[BulkResult] = list(
-            await self.add_prepared([encoder.prepare(bundle, self._now()) for bundle in bundles])
-        )
+        encoder = await self.encoder()
+        todo = list(range(len(bundles)))
+        results: list[BulkResult | FormatMoved | None] = [None] * len(bundles)
         for _ in range(ATTEMPTS):
-            again = [i for i, result in enumerate(results) if isinstance(result, IdTaken)]
-            if not again:
+            prepared = [encoder.prepare(bundles[i], self._now()) for i in todo]
+            with redis_errors(self.shown, "add"):
+                outcomes = await self._writer.add_batch(prepared)
+            for i, record, outcome in zip(todo, prepared, outcomes, strict=True):
+                results[i] = (
+                    duplicate(record.record.fingerprint_sha256, outcome.owner)
+                    if isinstance(outcome, Stored)
+                    else outcome
+                )
+            todo = [i for i in todo if isinstance(results[i], IdTaken | FormatMoved)]
+            moved = [r for i in todo if isinstance(r := results[i], FormatMoved)]
+            if not todo:
                 break
-            redone = await self.add_prepared(
-                [encoder.prepare(bundles[i], self._now()) for i in again]
-            )
-            for i, result in zip(again, redone, strict=True):
-                results[i] = result
+            if moved:
+                encoder = RecordEncoder(encoder.ring, None, moved[-1].active)
         return [
             StoreError(f"{self.shown}: add: every id drawn was taken; gave up")
-            if isinstance(result, IdTaken)
+            if isinstance(result, IdTaken) or result is None
+            else _moved(self.shown, result)
+            if isinstance(result, FormatMoved)
             else result
             for result in results
         ]
@@ -121,6 +144,8 @@ class BulkAdds:
         return [
             duplicate(prepared.record.fingerprint_sha256, outcome.owner)
             if isinstance(outcome, Stored)
+            else _moved(self.shown, outcome)
+            if isinstance(outcome, FormatMoved)
             else outcome
             for prepared, outcome in zip(records, outcomes, strict=True)
         ]
@@ -135,9 +160,22 @@ class BulkAdds:
         with redis_errors(self.shown, "add"):
             outcomes = await self._wire.add_wire(records)
         return [
-            _wire_duplicate(record, outcome.owner) if isinstance(outcome, Stored) else outcome
+            _wire_duplicate(record, outcome.owner)
+            if isinstance(outcome, Stored)
+            else _moved(self.shown, outcome)
+            if isinstance(outcome, FormatMoved)
+            else outcome
             for record, outcome in zip(records, outcomes, strict=True)
         ]
+
+
+def _moved(shown: str, outcome: FormatMoved) -> StoreError:
+    """A record of a batch encoded before ``fleet finalize`` moved the store's format."""
+    return StoreError(
+        f"{shown}: the store moved to format {outcome.active} (fleet finalize) while this"
+        " batch was encoded; nothing was written for it: add it again (an import run again"
+        " skips what is stored)"
+    )
 
 
 def _wire_duplicate(record: WireRecord, owner: str) -> WireResult:

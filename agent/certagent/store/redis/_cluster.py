@@ -15,7 +15,7 @@ a reader never finds a name pointing at a missing or half-written record:
   commits with :data:`FENCED_COMMIT` instead, one script on ``{global}`` that
   checks the issuance lease (also on ``{global}``) first;
 * **replace**: claim the new ``fp:`` and write the chain -> the record replaced
-  whole by :data:`~._rows.SWAP` (layout 2; a layout-1 hash becomes a string),
+  whole by :data:`~._rows.SWAP` (in the store's active format, whatever it was),
   only if it is still the one read (optimistic locking, as WATCH does on one
   Redis), which also keeps the names it drops in the record (``D``) -> add the
   new names -> remove the dropped ones -> release the old ``fp:``
@@ -62,6 +62,7 @@ from certagent.errors import NotFound, StoreCorrupt, StoreError
 from certagent.store.base import CertRecord, IdTaken, PreparedRecord
 from certagent.store.records import make_record
 from certagent.store.redis._chains import chain_of
+from certagent.store.redis._clusterscripts import CLAIM, FENCED_COMMIT, RELEASE, SET_IF, WRITE_NEW
 from certagent.store.redis._layout import (
     F_CHAIN,
     F_KEY,
@@ -73,17 +74,26 @@ from certagent.store.redis._layout import (
     to_text,
     valid_id,
 )
-from certagent.store.redis._packed import chain_digest, is_packed, pack_record
+from certagent.store.redis._packed import chain_digest, is_packed
 from certagent.store.redis._records import (
     EventKind,
     decode_record,
     decode_record_time,
+    encode_as,
     encode_event,
     expiry_score,
     parse_names,
 )
 from certagent.store.redis._renewals import UNSCHEDULE
-from certagent.store.redis._rows import SWAP, Row, decode, fetch, read_one, state_of
+from certagent.store.redis._rows import (
+    SWAP,
+    Row,
+    decode,
+    fetch,
+    hash_state,
+    read_one,
+    state_of,
+)
 from certagent.store.redis._writer import ATTEMPTS, AddOutcome, Fence, Stored, duplicate
 from certagent.store.renewing import format_time
 
@@ -102,58 +112,6 @@ log = logging.getLogger(__name__)
 #: How long a record's write lock lasts if its holder dies, and how long a writer waits for it.
 LOCK_SECONDS = 10.0
 LOCK_WAIT = 3.0
-
-#: KEYS[1] a new record's key; ARGV[1] the record (layout 2).  1 written, 0 id taken.
-WRITE_NEW = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
-"""
-#: KEYS[1] a ``fp:`` key; ARGV[1] a stale owner that may be replaced ('' none), ARGV[2]
-#: the id claiming it.  1 claimed (free, stale or already ours), else the owner's id.
-CLAIM = """
-local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[2] then return 1 end
-if not owner or owner == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2])
-  return 1
-end
-return owner
-"""
-#: KEYS[1] a key; ARGV[1] a value.  Deletes the key if it holds that value.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-#: The commit point of a fenced add (``add_issued``), on ``{global}``.  KEYS[1] the lease,
-#: 2 ``ids``, 3 ``expiry``, 4 ``events``, [5 the renewal schedule, 6 its entries]; ARGV[1]
-#: the lease's value expected, 2 the id, 3 the expiry score, 4 the stream's MAXLEN, 5 the
-#: event's names, [6 the name to schedule, 7 its renew_at, 8 its member].  ``{1}``
-#: committed (and scheduled), else ``{0, holder}`` (nothing written; holder absent when no
-#: node holds the lease).
-FENCED_COMMIT = """
-local holder = redis.call('GET', KEYS[1])
-if holder ~= ARGV[1] then return {0, holder} end
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*',
-  'kind', 'put', 'id', ARGV[2], 'names', ARGV[5])
-if KEYS[5] then
-  local old = redis.call('HGET', KEYS[6], ARGV[6])
-  if old and old ~= ARGV[8] then redis.call('ZREM', KEYS[5], old) end
-  redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
-  redis.call('HSET', KEYS[6], ARGV[6], ARGV[8])
-end
-return {1}
-"""
-#: KEYS[1] a record; ARGV[1] field, ARGV[2] value expected, ARGV[3] field, ARGV[4] value.
-#: Sets field ARGV[3] (or deletes it when ARGV[4] is '') if ARGV[1] still holds ARGV[2].
-SET_IF = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-if ARGV[4] == '' then redis.call('HDEL', KEYS[1], ARGV[3])
-else redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
-return 1
-"""
 
 
 class ClusterWriter:
@@ -197,7 +155,10 @@ class ClusterWriter:
             return Stored(owner)
         if prepared.shared:
             await self._client.set(keys.chain(chain_digest(prepared.shared)), prepared.shared)
-        if await self._client.eval(WRITE_NEW, 1, cert_key, prepared.payload) == 0:
+        written = await self._client.eval(
+            WRITE_NEW, 1, cert_key, prepared.payload, *prepared.fields
+        )
+        if written == 0:
             return IdTaken(prepared)
         claimed = await self._client.eval(CLAIM, 1, fp, owner, record.id)
         if claimed != 1:
@@ -259,7 +220,16 @@ class ClusterWriter:
             [("set", keys.chain(digest), chain) for digest, chain in chains.items() if chain]
         )
         written = await self._run(
-            [("eval", WRITE_NEW, keys.cert(records[i].record.id), records[i].payload) for i in todo]
+            [
+                (
+                    "eval",
+                    WRITE_NEW,
+                    keys.cert(records[i].record.id),
+                    records[i].payload,
+                    *records[i].fields,
+                )
+                for i in todo
+            ]
         )
         claim: list[int] = []
         for i, reply in zip(todo, written, strict=True):
@@ -353,14 +323,15 @@ class ClusterWriter:
     # --- replace ----------------------------------------------------------------------
 
     async def replace(
-        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime, layout: int
     ) -> CertRecord:
-        """Replace record ``cert_id`` with ``bundle``; its id kept, its version + 1."""
+        """Replace record ``cert_id`` with ``bundle``, in store format ``layout``; its id
+        kept, its version + 1."""
         async with self._locked(cert_id):
-            return await self._replace(ring, cert_id, bundle, now)
+            return await self._replace(ring, cert_id, bundle, now, layout)
 
     async def _replace(
-        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime, layout: int
     ) -> CertRecord:
         keys = self._keys
         cert_key = keys.cert(cert_id)
@@ -381,10 +352,12 @@ class ClusterWriter:
             dropped = [
                 n for n in dict.fromkeys([*old.names, *dropped_before]) if n not in bundle.names
             ]
-            payload, chain = pack_record(ring, record, bundle, dropped=dropped)
-            if chain:
-                await self._client.set(keys.chain(chain_digest(chain)), chain)
-            done = await self._client.eval(SWAP, 1, cert_key, state, payload)
+            encoded = encode_as(layout, ring, record, bundle, dropped=dropped)
+            if encoded.chain:
+                await self._client.set(keys.chain(chain_digest(encoded.chain)), encoded.chain)
+            done = await self._client.eval(
+                SWAP, 1, cert_key, state, encoded.payload, *encoded.fields
+            )
             if done == -1:
                 raise NotFound(f"{self._url}: no certificate {cert_id!r}")
             if done != 1:
@@ -402,8 +375,11 @@ class ClusterWriter:
                 ]
             )
             if dropped:
-                final, _ = pack_record(ring, record, bundle)
-                await self._client.eval(SWAP, 1, cert_key, state_of(payload), final)
+                final = encode_as(layout, ring, record, bundle)
+                written = (
+                    hash_state(encoded.fields) if encoded.fields else state_of(encoded.payload)
+                )
+                await self._client.eval(SWAP, 1, cert_key, written, final.payload, *final.fields)
             return record
         raise StoreError(f"{self._url}: replace {cert_id}: the record kept changing; gave up")
 

@@ -41,6 +41,12 @@ Key layout (``prefix`` defaults to ``certagent:``; all values are bytes)::
                                   agent holds, until its announcement lapses (Redis's clock)
     {prefix}namefilter    STRING  the agents' name filter at a position of the events stream
                                   (:mod:`certagent.service.bloom`), rewritten now and then
+    {prefix}format        HASH    the store's active format (:mod:`certagent.store.formats`):
+                                  format, and the version, node and time that set it; absent:
+                                  format 1 (a store of a release before 0.3.0)
+    {prefix}fleet:nodes   HASH    node -> "<lapse ms> <seen ms> <JSON>": each agent's release
+                                  and the formats it reads, beat every 20 s (Redis's clock);
+                                  kept 10 minutes after its last beat (:mod:`._fleet`)
 
 The issuance roles (:mod:`certagent.store.issuance`; all on the ``{global}`` slot of a
 cluster, so that one script or MULTI covers a lease and a record's commit)::
@@ -207,6 +213,14 @@ class Keys:
 
     def name_filter(self) -> str:
         return self._global("namefilter")
+
+    def store_format(self) -> str:
+        """The store's active format (:mod:`certagent.store.formats`)."""
+        return self._global("format")
+
+    def fleet_nodes(self) -> str:
+        """Each agent's release and the formats it reads (:mod:`._fleet`)."""
+        return self._global("fleet:nodes")
 
     # --- issuance: every key on the {global} slot ---------------------------------------
 

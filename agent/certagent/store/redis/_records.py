@@ -1,14 +1,15 @@
 """How the Redis store encodes a record and an event, and decodes them: one module for both writers.
 
-Pure functions on values, no I/O.  A record is written as one string
-(layout 2, :mod:`certagent.store.redis._packed`), its private key encrypted
-with the data key for its id; :class:`RecordEncoder` prepares a new one ahead
-(in worker processes too) as a :class:`~certagent.store.base.PreparedRecord`
-whose payload is that string and whose ``shared`` is its chain (stored once,
-``chain:{sha256}``).  Stores written before hold layout 1, one hash per record
-(fields in :mod:`certagent.store.redis._layout`): :func:`encode_record` and
-:func:`pack` still write one (tests of old stores), :func:`decode_record`
-reads the metadata of both.  An event is one entry of the ``events`` stream.
+Pure functions on values, no I/O.  A record is written in the store's active
+format (:mod:`certagent.store.formats`): format 2 is one string (layout 2,
+:mod:`certagent.store.redis._packed`), its private key encrypted with the data key
+for its id, its chain stored once (``chain:{sha256}``); format 1, what releases
+before 0.2.0 read and a store keeps until ``fleet finalize``, is one hash per
+record (fields in :mod:`certagent.store.redis._layout`, :func:`encode_record`).
+:class:`RecordEncoder` prepares a new record ahead (in worker processes too) as a
+:class:`~certagent.store.base.PreparedRecord`; :func:`encode_as` encodes a record
+being replaced; :func:`decode_record` reads the metadata of both.  An event is
+one entry of the ``events`` stream.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from certagent.store.records import make_record
 from certagent.store.redis._addscript import AddCall, WirePacker
 from certagent.store.redis._layout import (
     F_CHAIN,
+    F_DROPPED,
     F_KEY,
     F_KEY_TYPE,
     F_MANAGED,
     F_NAMES,
     F_NOT_AFTER,
     F_NOT_BEFORE,
+    F_OCSP,
     F_SERIAL,
     F_SHA1,
     F_SHA256,
@@ -51,14 +54,17 @@ from certagent.store.redis._layout import (
 from certagent.store.redis._packed import pack_record
 
 __all__ = [
+    "Encoded",
     "EventKind",
     "RecordEncoder",
     "decode_change",
     "decode_record",
     "decode_record_time",
+    "encode_as",
     "encode_event",
     "encode_record",
     "expiry_score",
+    "hash_fields",
     "meta_fields",
     "pack",
     "parse_names",
@@ -85,11 +91,9 @@ def encode_record(
 ) -> dict[FieldT, EncodableT]:
     """Layout 1: the hash fields of ``record`` holding ``bundle``; the key encrypted for its id.
 
-    What stores written before layout 2 hold; nothing writes it any more but
-    tests of those stores.
-
-    ``managed`` is written only when it is not ``""``: an upload's hash is what it
-    always was.
+    What a store at format 1 holds: exactly what releases before 0.2.0 wrote and
+    read (``HMGET chain key ocsp`` and the metadata fields).  ``managed`` is
+    written only when it is not ``""``: an upload's hash is what it always was.
     """
     if not _MANAGED.match(record.managed):
         raise ValueError(f"managed must be a short lowercase word, not {record.managed[:40]!r}")
@@ -112,6 +116,67 @@ def encode_record(
     if record.managed:
         fields[F_MANAGED] = record.managed.encode("ascii")
     return fields
+
+
+def hash_fields(
+    ring: KeyRing,
+    record: CertRecord,
+    bundle: CertBundle,
+    *,
+    ocsp: bytes | None = None,
+    dropped: Sequence[str] = (),
+) -> tuple[bytes, ...]:
+    """:func:`encode_record`'s fields and values in turn (``HSET key f v f v ...``), with
+    the OCSP response and the names a cluster's replace dropped when there are some."""
+    fields = encode_record(ring, record, bundle)
+    if ocsp is not None:
+        fields[F_OCSP] = ocsp
+    names = " ".join(dict.fromkeys(dropped))
+    if names:
+        fields[F_DROPPED] = names.encode("ascii")
+    flat: list[bytes] = []
+    for name, value in fields.items():
+        flat += [_as_bytes(name), _as_bytes(value)]
+    return tuple(flat)
+
+
+def _as_bytes(value: object) -> bytes:
+    raw = to_bytes(value)
+    if raw is None:
+        raise TypeError(f"a record field is {type(value).__name__}, not bytes or text")
+    return raw
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A record encoded in a store format: ``payload`` (format 2: one string, its chain
+    ``chain`` kept apart) or ``fields`` (format 1: a hash's fields and values in turn)."""
+
+    payload: bytes
+    fields: tuple[bytes, ...]
+    chain: bytes
+
+    @property
+    def layout(self) -> int:
+        return 1 if self.fields else 2
+
+
+def encode_as(
+    layout: int,
+    ring: KeyRing,
+    record: CertRecord,
+    bundle: CertBundle,
+    *,
+    ocsp: bytes | None = None,
+    dropped: Sequence[str] = (),
+) -> Encoded:
+    """``record`` holding ``bundle`` in store format ``layout`` (1 or 2): what a replace writes."""
+    if layout == 1:
+        return Encoded(b"", hash_fields(ring, record, bundle, ocsp=ocsp, dropped=dropped), b"")
+    if layout != 2:
+        raise ValueError(f"no store format {layout} in this release")
+    payload, chain = pack_record(ring, record, bundle, ocsp=ocsp, dropped=dropped)
+    return Encoded(payload, (), chain)
 
 
 def meta_fields(row: object) -> dict[str, bytes | None] | None:
@@ -196,24 +261,33 @@ class RecordEncoder:
     """Encodes new records for the bulk writer: pure, no I/O; picklable.
 
     ``ring`` is the store's key ring (its data keys: keep the encoder in the
-    process that opened the key file and in the workers it starts).  ``call``:
-    the writer's add script call (one Redis), with which :meth:`encode` packs
-    the whole write ahead.
+    process that opened the key file and in the workers it starts).  ``layout``:
+    the store format to write (:mod:`certagent.store.formats`), the store's active
+    one when the encoder was made.  ``call``: the writer's add script call (one
+    Redis), with which :meth:`encode` packs the whole write ahead (format 2 only).
     """
 
     ring: KeyRing
     call: AddCall | None = None
+    layout: int = 2
+
+    def __post_init__(self) -> None:
+        if self.layout not in (1, 2):
+            raise ValueError(f"no store format {self.layout} in this release")
 
     def __repr__(self) -> str:
-        return f"RecordEncoder(current={self.ring.current!r}, packed={self.call is not None})"
+        return (
+            f"RecordEncoder(current={self.ring.current!r}, layout={self.layout},"
+            f" packed={self.call is not None})"
+        )
 
     def encode(self, bundle: CertBundle, updated_at: datetime) -> PreparedRecord | WireRecord:
-        """:meth:`prepare`; with ``call``, packed into the write's bytes (a WireRecord).
+        """:meth:`prepare`; with ``call`` (format 2), packed into the write's bytes (a WireRecord).
 
         The WireRecord in one pass (:class:`~._addscript.WirePacker`, kept per
         process): what ``call.command`` gives for :meth:`prepare`'s record.
         """
-        if self.call is None:
+        if self.call is None or self.layout != 2:
             return self.prepare(bundle, updated_at)
         return _packer(self.call, self.ring).wire(bundle, updated_at, secrets.token_hex(8))
 
@@ -224,10 +298,12 @@ class RecordEncoder:
         record = make_record(
             secrets.token_hex(8), bundle, version=1, updated_at=updated_at, managed=managed
         )
+        expiry = expiry_score(bundle.not_after)
+        if self.layout == 1:
+            fields = hash_fields(self.ring, record, bundle)
+            return PreparedRecord(record=record, payload=b"", expiry=expiry, fields=fields)
         payload, chain = pack_record(self.ring, record, bundle)
-        return PreparedRecord(
-            record=record, payload=payload, expiry=expiry_score(bundle.not_after), shared=chain
-        )
+        return PreparedRecord(record=record, payload=payload, expiry=expiry, shared=chain)
 
 
 @functools.lru_cache(maxsize=4)

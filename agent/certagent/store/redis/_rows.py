@@ -37,10 +37,21 @@ from certagent.store.redis._records import meta_fields
 #: Rounds of :func:`fetch` for records that change layout while read.
 ATTEMPTS = 3
 
-__all__ = ["HASH_FIELDS", "SWAP", "Row", "decode", "fetch", "read_one", "state_of", "wrong_type"]
+__all__ = [
+    "HASH_FIELDS",
+    "SWAP",
+    "Row",
+    "decode",
+    "fetch",
+    "hash_state",
+    "read_one",
+    "state_of",
+    "wrong_type",
+]
 
 #: KEYS[1] a record; ARGV[1] its state as read (:attr:`Row.state`), ARGV[2] the new record
-#: (a layout-2 string).  1 swapped, 0 it changed meanwhile, -1 it is gone.  A string's
+#: (a layout-2 string; '' for a hash of layout 1, whose fields and values follow in ARGV[3..]).
+#: 1 swapped, 0 it changed meanwhile, -1 it is gone.  A string's
 #: state is ``s`` + the SHA-1 of its bytes; a hash's (layout 1) ``h`` + its version, the
 #: SHA-1s of its key and OCSP response, its ``managed`` and ``names_dropped``: every field
 #: a write of layout 1 changes (an OCSP response or a key rotation keeps the version).
@@ -54,7 +65,12 @@ if kind == 'hash' then
 elseif kind == 'string' then now = 's' .. redis.sha1hex(redis.call('GET', KEYS[1]))
 else return -1 end
 if now ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2])
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+end
 return 1
 """
 
@@ -101,6 +117,15 @@ class Row:
 def state_of(raw: bytes) -> bytes:
     """A layout-2 record's state (:data:`SWAP`): ``s`` + the SHA-1 of its bytes."""
     return b"s" + _sha1(raw).encode()
+
+
+def hash_state(fields: Sequence[bytes]) -> bytes:
+    """The state (:data:`SWAP`) of the layout-1 hash that ``fields`` (fields and values
+    in turn, as :func:`~._records.hash_fields` gives them) make once written."""
+    held = dict(zip(fields[::2], fields[1::2], strict=True))
+    meta = {F_VERSION: held.get(F_VERSION.encode()), F_MANAGED: held.get(F_MANAGED.encode())}
+    rest = {name: held.get(name.encode()) for name in HASH_FIELDS}
+    return Row(meta, fields=rest).state
 
 
 def _sha1(raw: bytes) -> str:

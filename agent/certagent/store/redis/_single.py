@@ -1,15 +1,16 @@
 """Writes on one Redis (plain or Sentinel): each one atomic, a MULTI/EXEC or a Lua script.
 
-* **add** (one record): WATCH the fingerprint key and the record's key, check
-  neither is taken, then one MULTI/EXEC writes the shared chain, the record
-  (layout 2, :mod:`._packed`), ``fp:``, the name sets, ``ids``, ``expiry`` and
-  the ``put`` event;
+* **add** (one record): WATCH the fingerprint key, the record's key and the
+  store's format, check neither is taken and the record is encoded in the active
+  format (:mod:`certagent.store.formats`), then one MULTI/EXEC writes the shared
+  chain, the record (format 2: one string, :mod:`._packed`; format 1: a hash),
+  ``fp:``, the name sets, ``ids``, ``expiry`` and the ``put`` event;
 * **bulk adds**: :data:`ADD_SCRIPT` does the same checks and writes for one
   record inside Redis, 200 scripts pipelined per round trip; a user who may
   not run scripts (``NOPERM``, logged once) gets one MULTI/EXEC per record;
 * **replace**, **delete**, an OCSP response, a re-encrypted key: WATCH what the
-  write depends on, then one MULTI/EXEC.  A record of layout 1 (a hash) is
-  read as such; a replace writes it again as layout 2.
+  write depends on, then one MULTI/EXEC.  A record of either layout is read as
+  such; a replace writes it in the active format, an update keeps its layout.
 
 A WATCHed key that changes makes EXEC fail: the write is read again and
 retried, :data:`~certagent.store.redis._writer.ATTEMPTS` times at most.  Every
@@ -38,6 +39,8 @@ from certagent.store.redis._addscript import (
     ADD_SCRIPT,
     ADD_SHA,
     ADDED,
+    FIXED_KEYS,
+    FORMAT_MOVED,
     ID_TAKEN,
     STORED,
     WRONG_TYPE,
@@ -46,6 +49,7 @@ from certagent.store.redis._addscript import (
     script_keys,
 )
 from certagent.store.redis._chains import chain_of
+from certagent.store.redis._fleet import active_layout
 from certagent.store.redis._layout import (
     F_CHAIN,
     F_KEY,
@@ -55,10 +59,11 @@ from certagent.store.redis._layout import (
     to_bytes,
     to_text,
 )
-from certagent.store.redis._packed import chain_digest, is_packed, pack_record
+from certagent.store.redis._packed import chain_digest, is_packed
 from certagent.store.redis._records import (
     EventKind,
     decode_record,
+    encode_as,
     encode_event,
     expiry_score,
     parse_names,
@@ -69,6 +74,7 @@ from certagent.store.redis._writer import (
     ATTEMPTS,
     AddOutcome,
     Fence,
+    FormatMoved,
     Stored,
     WireOutcome,
     duplicate,
@@ -83,11 +89,14 @@ log = logging.getLogger(__name__)
 class SingleNodeWriter:
     """A :class:`~certagent.store.redis._writer.RecordWriter` for one Redis (or Sentinel's)."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, shown: str, maxlen: int) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis, keys: Keys, shown: str, maxlen: int, version: str
+    ) -> None:
         self._client = client
         self._keys = keys
         self._url = shown
         self._maxlen = maxlen
+        self._version = version
         self._sha: str | None = None
         self._scripts_allowed = True
 
@@ -185,7 +194,13 @@ class SingleNodeWriter:
             return Stored(owner)
         if reply[0] == ID_TAKEN:
             return IdTaken(prepared)
+        if reply[0] == FORMAT_MOVED and len(reply) == 2:
+            return self._moved(reply[1])
         return StoreError(f"{self._url}: the add script gave an unexpected reply")
+
+    def _moved(self, active: object) -> FormatMoved:
+        """The format an add script found active (StoreFormatError if unknown here)."""
+        return FormatMoved(active_layout(active, self._url, self._version))
 
     def _checked_reply(
         self, record: CertRecord | WireRecord, reply: object
@@ -281,6 +296,8 @@ class SingleNodeWriter:
             return Stored(to_text(reply[1]))
         if reply[0] == ID_TAKEN:
             return IdTaken(record)
+        if reply[0] == FORMAT_MOVED and len(reply) == 2:
+            return self._moved(reply[1])
         return StoreError(f"{self._url}: the add script gave an unexpected reply")
 
     async def _by_transaction(
@@ -289,8 +306,10 @@ class SingleNodeWriter:
         """One record in WATCH/MULTI/EXEC; retried while a WATCHed key changes."""
         record = prepared.record
         keys = script_keys(self._keys, prepared)
-        fp_key, cert_key, ids_key, expiry_key, _, chain_key = keys[:6]
-        watched = [fp_key, cert_key] if fence is None else [fp_key, cert_key, fence.key]
+        fp_key, cert_key, ids_key, expiry_key, _, chain_key, format_key = keys[:FIXED_KEYS]
+        watched = [fp_key, cert_key, format_key]
+        if fence is not None:
+            watched.append(fence.key)
         for _ in range(ATTEMPTS):
             try:
                 async with self._client.pipeline(transaction=True) as pipe:
@@ -299,6 +318,9 @@ class SingleNodeWriter:
                         holder = to_bytes(await pipe.get(fence.key))
                         if holder != fence.value.encode("ascii"):
                             return fence.lost(holder)
+                    active = self._moved(await pipe.hget(format_key, "format"))
+                    if active.active != prepared.layout:
+                        return active
                     owner = to_bytes(await pipe.get(fp_key))
                     if owner is not None:
                         return Stored(owner.decode("ascii", "replace"))
@@ -307,9 +329,12 @@ class SingleNodeWriter:
                     pipe.multi()  # type: ignore[no-untyped-call]
                     if prepared.shared:
                         pipe.set(chain_key, prepared.shared)
-                    pipe.set(cert_key, prepared.payload)
+                    if prepared.fields:
+                        pipe.hset(cert_key, items=list(prepared.fields))
+                    else:
+                        pipe.set(cert_key, prepared.payload)
                     pipe.set(fp_key, record.id)
-                    for name_key in keys[6:]:
+                    for name_key in keys[FIXED_KEYS:]:
                         pipe.sadd(name_key, record.id)
                     pipe.zadd(ids_key, {record.id: 0})
                     pipe.zadd(expiry_key, {record.id: prepared.expiry})
@@ -334,8 +359,9 @@ class SingleNodeWriter:
     # --- replace, delete --------------------------------------------------------------
 
     async def replace(
-        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime, layout: int
     ) -> CertRecord:
+        """In the format the transaction finds active (``layout`` is the caller's view)."""
         for _ in range(ATTEMPTS):
             try:
                 return await self._replace_once(ring, cert_id, bundle, now)
@@ -348,8 +374,10 @@ class SingleNodeWriter:
     ) -> CertRecord:
         cert_key = self._keys.cert(cert_id)
         new_fp_key = self._keys.fingerprint(bundle.fingerprint_sha256)
+        format_key = self._keys.store_format()
         async with self._client.pipeline(transaction=True) as pipe:
-            await pipe.watch(cert_key, new_fp_key)
+            await pipe.watch(cert_key, new_fp_key, format_key)
+            layout = self._moved(await pipe.hget(format_key, "format")).active
             old = self._existing(cert_id, await self._read(pipe, cert_key))
             owner = to_bytes(await pipe.get(new_fp_key))
             if owner is not None and owner != cert_id.encode("ascii"):
@@ -365,11 +393,15 @@ class SingleNodeWriter:
                 if to_bytes(await pipe.get(old_fp_key)) == cert_id.encode("ascii"):
                     stale_fp_key = old_fp_key
             record = make_record(cert_id, bundle, version=old.version + 1, updated_at=now)
-            payload, chain = pack_record(ring, record, bundle)
+            encoded = encode_as(layout, ring, record, bundle)
             pipe.multi()  # type: ignore[no-untyped-call]
-            if chain:
-                pipe.set(self._keys.chain(chain_digest(chain)), chain)
-            pipe.set(cert_key, payload)  # a layout-1 hash becomes a layout-2 string
+            if encoded.chain:
+                pipe.set(self._keys.chain(chain_digest(encoded.chain)), encoded.chain)
+            if encoded.fields:  # format 1: the record is a hash (whatever it was)
+                pipe.delete(cert_key)
+                pipe.hset(cert_key, items=list(encoded.fields))
+            else:
+                pipe.set(cert_key, encoded.payload)  # a hash becomes a string
             if stale_fp_key is not None:
                 pipe.delete(stale_fp_key)
             pipe.set(new_fp_key, cert_id)

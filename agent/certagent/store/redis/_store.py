@@ -29,6 +29,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from certagent import __version__
 from certagent.certs import hostname, keycrypt
 from certagent.certs.keycrypt import KeyRing
 from certagent.certs.ocsp import OcspFacts
@@ -43,11 +44,13 @@ from certagent.errors import (
     StoreError,
 )
 from certagent.store.base import CertRecord, Change, IdTaken, Issuance, Page, StoredCertificate
+from certagent.store.formats import check_known
 from certagent.store.records import decode_cursor, encode_cursor
 from certagent.store.redis._bulk import BulkAdds
 from certagent.store.redis._cluster import ClusterWriter
 from certagent.store.redis._connection import close_client, connect, redis_errors
 from certagent.store.redis._feed import MAX_BLOCK, StreamFeed
+from certagent.store.redis._fleet import RedisFleetBoard
 from certagent.store.redis._fleetkeys import RedisFleetKeys
 from certagent.store.redis._issuance import RedisAccounts, redis_issuance
 from certagent.store.redis._layout import (
@@ -70,7 +73,7 @@ from certagent.store.redis._rows import Row, decode, fetch
 from certagent.store.redis._single import SingleNodeWriter
 from certagent.store.redis._snapshot import RedisSnapshotSlot
 from certagent.store.redis._tickets import RedisTicketRing
-from certagent.store.redis._writer import ATTEMPTS, Fence, RecordWriter, Stored
+from certagent.store.redis._writer import ATTEMPTS, Fence, FormatMoved, RecordWriter, Stored
 from certagent.store.unreadable import UnreadableRecords
 from certagent.store.url import CLUSTER_SCHEME, redact_url
 
@@ -121,12 +124,23 @@ class RedisStore:
         single = (
             None
             if cluster
-            else SingleNodeWriter(self._client, self._keys, self._url, events_maxlen)
+            else SingleNodeWriter(self._client, self._keys, self._url, events_maxlen, __version__)
         )
         self._writer: RecordWriter = single or ClusterWriter(
             self._client, self._keys, self._url, events_maxlen
         )
-        self._bulk = BulkAdds(self._writer, self._url, self._ring_for, lambda: _now(), wire=single)
+        # the store's format (what every writer writes) and the fleet's board of nodes
+        self._fleet = RedisFleetBoard(
+            self._client, self._keys, self._url, __version__, self._ring_for
+        )
+        # One Redis checks the format in each write's transaction (a write encoded in a
+        # format the store left is refused and encoded again), so the format last seen
+        # is kept; a cluster's writers cannot check it there and read it for each write.
+        self._cluster = cluster
+        self._known_layout: int | None = None
+        self._bulk = BulkAdds(
+            self._writer, self._url, self._ring_for, lambda: _now(), self._layout, wire=single
+        )
         self._tickets = RedisTicketRing(
             self._client, self._keys, self._url, self._ring_for, tickets_event
         )
@@ -180,6 +194,10 @@ class RedisStore:
     def bulk(self) -> BulkAdds:
         """Many adds per round trip (``add_many``): :mod:`certagent.store.redis._bulk`."""
         return self._bulk
+
+    def fleet(self) -> RedisFleetBoard:
+        """The store's format and the fleet's board: :mod:`certagent.store.redis._fleet`."""
+        return self._fleet
 
     def filter_snapshot(self) -> RedisSnapshotSlot:
         """The agents' name filter snapshot: one key (:mod:`certagent.store.redis._snapshot`)."""
@@ -294,14 +312,24 @@ class RedisStore:
     async def _add(
         self, bundle: CertBundle, action: str, *, fence: Fence | None = None, managed: str = ""
     ) -> CertRecord | str:
-        """Add ``bundle`` under a new id; or return the id already holding it."""
-        encoder = RecordEncoder(self._ring_for("store certificates"))
+        """Add ``bundle`` under a new id; or return the id already holding it.
+
+        Encoded in the store's active format; one Redis checks it again in the write's
+        transaction, and a record encoded in a format no longer active is encoded again.
+        """
+        ring = self._ring_for("store certificates")
+        layout = await self._layout()
         with self._errors(action):
             for _ in range(ATTEMPTS):
+                encoder = RecordEncoder(ring, layout=layout)
                 prepared = encoder.prepare(bundle, _now(), managed=managed)
                 got = await self._writer.add(prepared, fence)
                 if isinstance(got, IdTaken):
                     continue  # draw another id
+                if isinstance(got, FormatMoved):
+                    layout = got.active  # finalized meanwhile
+                    self._known_layout = None if self._cluster else layout
+                    continue
                 if isinstance(got, Stored):
                     return got.owner
                 if isinstance(got, StoreError):
@@ -324,8 +352,9 @@ class RedisStore:
         ring = self._ring_for("store certificates")
         if not valid_id(cert_id):
             raise NotFound(f"{self._url}: no certificate {cert_id[:70]!r}")
+        layout = await self._layout()
         with self._errors("replace"):
-            record = await self._writer.replace(ring, cert_id, bundle, _now())
+            record = await self._writer.replace(ring, cert_id, bundle, _now(), layout)
         log.info(
             "replaced certificate %s (version %d) for %s (sha256 %s) in %s",
             cert_id,
@@ -360,8 +389,11 @@ class RedisStore:
         count is of records and accounts.
         """
         ring = self._ring_for("rotate keys")
+        layout = await self._layout()
         with self._errors("rotate keys"):
-            rotated = await reencrypt_all(self._client, self._keys, self._url, ring, self._writer)
+            rotated = await reencrypt_all(
+                self._client, self._keys, self._url, ring, self._writer, layout
+            )
         await self._tickets.reencrypt()
         return rotated + await self._accounts.reencrypt(ring)
 
@@ -411,6 +443,21 @@ class RedisStore:
             return await self._feed.changes(after, timeout)
 
     # --- helpers ------------------------------------------------------------------------
+
+    async def _layout(self) -> int:
+        """The format a record written now takes: the store's active one (one round trip;
+        on one Redis the last one seen, which each write checks in its transaction).
+
+        StoreFormatError, naming the format and who set it, if this release does not know
+        it: nothing is written.
+        """
+        if self._known_layout is not None:
+            return self._known_layout
+        state = await self._fleet.state()
+        check_known(state, self._url, __version__)
+        if not self._cluster:
+            self._known_layout = state.number
+        return state.number
 
     def _ring_for(self, action: str) -> KeyRing:
         if self._ring is None:

@@ -34,6 +34,7 @@ __all__ = [
     "ATTEMPTS",
     "AddOutcome",
     "Fence",
+    "FormatMoved",
     "RecordWriter",
     "Stored",
     "WireOutcome",
@@ -50,6 +51,14 @@ class Stored:
     """The leaf is already stored, as record ``owner``."""
 
     owner: str
+
+
+@dataclass(frozen=True)
+class FormatMoved:
+    """The record was encoded in a store format that is no longer the active one
+    (``fleet finalize`` ran meanwhile): nothing was written; encode it in ``active``."""
+
+    active: int
 
 
 @dataclass(frozen=True)
@@ -74,16 +83,17 @@ class Fence:
 
 
 #: What adding one prepared record gave.
-AddOutcome = CertRecord | Stored | IdTaken | StoreError
+AddOutcome = CertRecord | Stored | IdTaken | FormatMoved | StoreError
 #: What adding one record packed ahead gave (the record itself: added).
-WireOutcome = WireRecord | Stored | IdTaken | AddAlone | StoreError
+WireOutcome = WireRecord | Stored | IdTaken | AddAlone | FormatMoved | StoreError
 
 
 class RecordWriter(Protocol):
     """Every write of a :class:`~certagent.store.redis.RedisStore`; ids validated by the store."""
 
     async def add(self, prepared: PreparedRecord, fence: Fence | None = None) -> AddOutcome:
-        """Add one new record (``RedisStore.add``): its record, Stored, IdTaken or StoreError.
+        """Add one new record (``RedisStore.add``): its record, Stored, IdTaken, FormatMoved
+        (one Redis: the store's format is no longer ``prepared.layout``) or StoreError.
 
         With ``fence``, only if the fence holds when the record becomes visible
         (``fence.lost(...)`` otherwise, nothing a reader sees left behind).
@@ -98,12 +108,13 @@ class RecordWriter(Protocol):
         ...
 
     async def replace(
-        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime
+        self, ring: KeyRing, cert_id: str, bundle: CertBundle, now: datetime, layout: int
     ) -> CertRecord:
         """Record ``cert_id`` now holds ``bundle``: id kept, version + 1, a ``put`` event.
 
-        NotFound if there is no such record; DuplicateCertificate if another
-        record holds that leaf.
+        Written in store format ``layout``, the store's active one (one Redis checks
+        it in the write's transaction and takes the one it finds).  NotFound if there
+        is no such record; DuplicateCertificate if another record holds that leaf.
         """
         ...
 
