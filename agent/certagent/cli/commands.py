@@ -21,6 +21,7 @@ from certagent.cli import logs
 from certagent.cli.agentsocket import SLOTS_ANSWER_TIMEOUT, ask
 from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_command
 from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domain_command
+from certagent.cli.fleet import FLEET_COMMAND, add_fleet_commands, run_fleet_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
 from certagent.errors import AgentError, ConfigError
@@ -243,6 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     pt.add_argument("--config", required=True, type=Path, help=CONFIG_HELP)
     add_cert_commands(sub)
     add_domain_commands(sub)
+    add_fleet_commands(sub)
     add_token_commands(sub)
     return p
 
@@ -454,6 +456,8 @@ def _main(argv: list[str] | None) -> int:
         return run_cert_command(args)
     if args.command == DOMAIN_COMMAND:
         return run_domain_command(args)
+    if args.command == FLEET_COMMAND:
+        return run_fleet_command(args)
     try:
         if args.command == "init":
             return _init(args)

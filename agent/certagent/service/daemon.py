@@ -30,6 +30,7 @@ from certagent.service.control import ControlServer
 from certagent.service.datakey import Announcer, check_data_key, key_checked
 from certagent.service.ensure import Ensurer, NegativeCache
 from certagent.service.expiry import ExpiryWatch
+from certagent.service.fleet import Presence, check_store_format
 from certagent.service.flood import LookupBudget
 from certagent.service.instance import InstanceLock
 from certagent.service.live import LiveUpdater
@@ -156,6 +157,8 @@ class Agent:
         # the data keys this agent holds, told to the fleet's writers
         keys = store.data_keys()
         self.datakeys = Announcer(keys, ondemand.node_name(settings)) if keys is not None else None
+        # this node's release on the fleet's board, and the store's format it writes
+        self.presence = Presence(store.fleet(), ondemand.node_name(settings), self._haproxy_version)
         self._build: tuple[Identity, HAProxyBuild] | None = None  # per worker, see status
         # the Lua action's and the CLI's socket
         self.control = ControlServer(
@@ -164,6 +167,10 @@ class Agent:
             self.status,
             {b"tls-keys-rotate": self.rotate_ticket_keys},
         )
+
+    def _haproxy_version(self) -> str:
+        identity = self.loader.identity
+        return identity.version if identity is not None else ""
 
     def _reloaded(self, hosts: list[str]) -> None:
         """The loader reloaded HAProxy (a stray transaction): re-warm the new worker."""
@@ -228,6 +235,7 @@ class Agent:
             "ocsp_fetch": None if self.ocsp is None else self.ocsp.status(),
             "issuance": await self._issuance_status(),
             "data_keys": None if self.datakeys is None else self.datakeys.status(),
+            "fleet": self.presence.status(),
             "load_seconds": self.ensurer.load_seconds.snapshot(),
         }
         if slots:
@@ -369,7 +377,10 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         await store.ping()
     except AgentError as exc:
         log.warning("store %s not reachable yet: %s", store.describe(), exc)
+    # a store at a format this release does not know: refuse to start, having written nothing
+    await check_store_format(store, agent.presence.node)
     await check_data_key(store, settings)  # ConfigError: refuse to start
+    await agent.presence.beat()  # on the board before the data-key announcement
     if agent.tickets is not None:
         await agent.tickets.start_quietly()
     api = await start_api(
@@ -399,6 +410,7 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         )
     if agent.ocsp is not None:
         tasks.append(asyncio.create_task(agent.ocsp.run(stop), name="ocsp-fetch"))
+    tasks.append(asyncio.create_task(agent.presence.run(stop), name="fleet-board"))
     if agent.datakeys is not None:
         tasks.append(asyncio.create_task(agent.datakeys.run(stop), name="data-keys"))
     if agent.tickets is not None:
@@ -452,6 +464,7 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         await agent.loader.close()
         if agent.datakeys is not None:
             await agent.datakeys.withdraw()
+        await agent.presence.leave()
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
