@@ -133,6 +133,7 @@ def make_stack(
         init_args: Sequence[str] = (),
         port: int | None = None,
         address: str = "127.0.0.1",
+        agent_cmd: Sequence[str] | None = None,
     ) -> Stack:
         stack = Stack.create(
             tmp_path / f"stack{len(stacks)}",
@@ -145,6 +146,7 @@ def make_stack(
             init_args=init_args,
             port=port,
             address=address,
+            agent_cmd=agent_cmd,
         )
         stacks.append(stack)
         if start:
