@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import subprocess
 import threading
 import time
 import urllib.request
@@ -29,7 +30,7 @@ from certagent.testing import PKI, RedisFixture, Stack, tlsclient, wait_for
 from certagent.testing.askendpoint import AskEndpoint
 from certagent.testing.builds import AgentBuild, BuildUnavailable, build_agent
 from certagent.testing.pebble import Pebble
-from certagent.testing.processes import free_port
+from certagent.testing.processes import certagent_argv, free_port
 from tests.integration.conftest import StackFactory
 from tests.integration.pebblerun import running
 from tests.integration.test_acme_ondemand import acme_args
@@ -262,6 +263,18 @@ def test_a_fleet_upgraded_one_node_at_a_time_serves_every_certificate_throughout
             step("the earlier node's agent now runs HEAD")
             old.reload_haproxy()
             step("its HAProxy reloaded")
+            # then its haproxy.cfg and Lua brought up to this release, and HAProxy reloaded
+            upgraded = subprocess.run(
+                [*certagent_argv(), "init", str(old.directory), "--upgrade"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+            step(f"init --upgrade: {upgraded.stdout.splitlines()[-3:]}")
+            old.reload_haproxy()
+            step("its HAProxy reloaded with the upgraded files")
             check = old.command("check")
             assert check.returncode == 0, check.stdout + check.stderr
             status = fleet_status(head)

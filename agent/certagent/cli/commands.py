@@ -24,6 +24,7 @@ from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domai
 from certagent.cli.fleet import FLEET_COMMAND, add_fleet_commands, run_fleet_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
+from certagent.cli.upgrade import upgrade
 from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
 from certagent.runtime.build import HAProxyBuild, differences, probe_build
@@ -71,11 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         "directory", metavar="DIR", type=Path, help="where to write the files (created if missing)"
     )
     pi.add_argument(
-        "--bind", required=True, metavar="ADDR:PORT", help="public TLS address, e.g. 127.0.0.1:8443"
+        "--bind",
+        metavar="ADDR:PORT",
+        help="public TLS address, e.g. 127.0.0.1:8443 (required, but with --upgrade)",
     )
     pi.add_argument(
         "--store",
-        required=True,
         metavar="URL",
         help="redis://[:PASSWORD@]HOST:PORT/DB,"
         " redis+sentinel://HOST:PORT[,...]/SERVICE[/DB][?sentinel_password=...],"
@@ -121,6 +123,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="join a fleet: the data-key file of the other nodes (a Redis store), copied to"
         " DIR/data.key; without it a new key is made",
+    )
+    pi.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="an existing DIR: rewrite what certagent owns of its haproxy.cfg (fe_sni,"
+        " be_certagent_tls, fe_http, its global directives and fe_tls's bind lines) and its"
+        " Lua file for this release, keep everything else, print the change; checked with"
+        " haproxy -c, the old files kept as *.bak-TIME; certagent.toml is left as it is."
+        " Takes --tls (and its list options) too",
+    )
+    pi.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --upgrade: print what would change, write nothing",
     )
     pi.add_argument(
         "--force",
@@ -412,6 +428,14 @@ def _init(args: argparse.Namespace) -> int:
         tls = TlsPolicy(args.tls, args.tls_ciphers, args.tls_ciphersuites, args.tls_curves)
     except ValueError as exc:
         raise ConfigError(f"--tls: {exc}") from exc
+    if args.upgrade:
+        return _upgrade(args, tls)
+    if args.dry_run:
+        raise ConfigError("--dry-run is for --upgrade")
+    given = (("--bind", args.bind), ("--store", args.store))
+    missing = [flag for flag, value in given if not value]
+    if missing:
+        raise ConfigError(f"init needs {' and '.join(missing)} (or --upgrade for an existing DIR)")
     result = init(
         InitOptions(
             args.directory,
@@ -447,6 +471,50 @@ def _init(args: argparse.Namespace) -> int:
     print(f"        certagent run --config {d}/certagent.toml")
     if args.systemd:
         print(f"systemd: install the files of {d}/systemd/ (each says where), docs/operations.md")
+    return 0
+
+
+def _upgrade(args: argparse.Namespace, tls: TlsPolicy) -> int:
+    """``init DIR --upgrade``: :mod:`certagent.cli.upgrade`."""
+    ignored = [
+        flag
+        for flag, value in (
+            ("--bind", args.bind),
+            ("--store", args.store),
+            ("--data-key", args.data_key),
+            ("--acme-directory", args.acme_directory),
+            ("--systemd", args.systemd),
+        )
+        if value
+    ]
+    if ignored:
+        raise ConfigError(
+            f"--upgrade keeps the setup of DIR as it is: {', '.join(ignored)} cannot change it"
+            " (edit certagent.toml, or run init into a new directory)"
+        )
+    done = upgrade(args.directory, tls=tls, dry_run=args.dry_run)
+    if done.diff:
+        print(done.diff, end="")
+    merged = done.merged
+    if merged is not None and (merged.rewritten or merged.added):
+        print(f"haproxy.cfg: rewritten {', '.join(merged.rewritten) or 'nothing'};"
+              f" added {', '.join(merged.added) or 'nothing'};"
+              f" kept as they were {', '.join(merged.kept) or 'nothing'}")  # fmt: skip
+        for line in merged.operator_lines:
+            print(f"  kept your line in {line}")
+    if done.lua_changed:
+        print("certagent.lua: replaced by this release's")
+    for path in done.backups:
+        print(f"backup {path}")
+    for path in done.written:
+        print(f"wrote  {path}")
+    for note in done.notes:
+        print(note)
+    if done.written:
+        print("HAProxy uses the new files from its next reload (systemctl reload haproxy,"
+              " or SIGUSR2 to its master); the running agent answers both")  # fmt: skip
+    elif args.dry_run and (done.diff or done.lua_changed):
+        print("--dry-run: nothing was written")
     return 0
 
 
