@@ -24,13 +24,14 @@ from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domai
 from certagent.cli.fleet import FLEET_COMMAND, add_fleet_commands, run_fleet_command
 from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
-from certagent.cli.upgrade import upgrade
+from certagent.cli.upgrade import run_upgrade
 from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
 from certagent.runtime.build import HAProxyBuild, differences, probe_build
 from certagent.runtime.client import probe_identity, query
 from certagent.runtime.tlspolicy import PROFILES, TlsPolicy
 from certagent.store import open_configured
+from certagent.store.formats import check_known
 
 log = logging.getLogger("certagent")
 
@@ -310,6 +311,10 @@ async def _check(settings: config.Settings) -> bool:
     try:
         await store.ping()
         print(f"ok    store {store.describe()}")
+        board = store.fleet()
+        state = await board.state()
+        check_known(state, board.describe(), __version__)
+        print(f"ok    store {state.describe()}, which certagent {__version__} reads")
     except AgentError as exc:
         print(f"FAIL  store {store.describe()}: {exc}")
         ok = False
@@ -345,6 +350,14 @@ def _print_status(st: dict[str, Any]) -> None:
     for note in build["differences"] if build else ():
         print(f"  this version {note}")
     print(f"store          {up[st['store_up']]}, {st['store']}")
+    fleet = st.get("fleet")
+    if fleet:
+        stored = fleet["store_format"]
+        print(
+            f"fleet          node {fleet['node']}, certagent {fleet['version']}, writes store"
+            f" format {stored if stored is not None else 'unknown yet'}"
+            " (certagent fleet status: every node)"
+        )
     print(
         f"slots          {st['slots_used']} / {st['capacity']}"
         f" ({st['hosts_marked']} hosts marked loaded)"
@@ -429,7 +442,7 @@ def _init(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--tls: {exc}") from exc
     if args.upgrade:
-        return _upgrade(args, tls)
+        return run_upgrade(args, tls)
     if args.dry_run:
         raise ConfigError("--dry-run is for --upgrade")
     given = (("--bind", args.bind), ("--store", args.store))
@@ -471,50 +484,6 @@ def _init(args: argparse.Namespace) -> int:
     print(f"        certagent run --config {d}/certagent.toml")
     if args.systemd:
         print(f"systemd: install the files of {d}/systemd/ (each says where), docs/operations.md")
-    return 0
-
-
-def _upgrade(args: argparse.Namespace, tls: TlsPolicy) -> int:
-    """``init DIR --upgrade``: :mod:`certagent.cli.upgrade`."""
-    ignored = [
-        flag
-        for flag, value in (
-            ("--bind", args.bind),
-            ("--store", args.store),
-            ("--data-key", args.data_key),
-            ("--acme-directory", args.acme_directory),
-            ("--systemd", args.systemd),
-        )
-        if value
-    ]
-    if ignored:
-        raise ConfigError(
-            f"--upgrade keeps the setup of DIR as it is: {', '.join(ignored)} cannot change it"
-            " (edit certagent.toml, or run init into a new directory)"
-        )
-    done = upgrade(args.directory, tls=tls, dry_run=args.dry_run)
-    if done.diff:
-        print(done.diff, end="")
-    merged = done.merged
-    if merged is not None and (merged.rewritten or merged.added):
-        print(f"haproxy.cfg: rewritten {', '.join(merged.rewritten) or 'nothing'};"
-              f" added {', '.join(merged.added) or 'nothing'};"
-              f" kept as they were {', '.join(merged.kept) or 'nothing'}")  # fmt: skip
-        for line in merged.operator_lines:
-            print(f"  kept your line in {line}")
-    if done.lua_changed:
-        print("certagent.lua: replaced by this release's")
-    for path in done.backups:
-        print(f"backup {path}")
-    for path in done.written:
-        print(f"wrote  {path}")
-    for note in done.notes:
-        print(note)
-    if done.written:
-        print("HAProxy uses the new files from its next reload (systemctl reload haproxy,"
-              " or SIGUSR2 to its master); the running agent answers both")  # fmt: skip
-    elif args.dry_run and (done.diff or done.lua_changed):
-        print("--dry-run: nothing was written")
     return 0
 
 

@@ -13,6 +13,7 @@ adjacent releases answer each other (docs/operations.md, Upgrading a fleet).
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ from certagent.runtime.cfgmerge import Merged, facts, merge
 from certagent.runtime.haproxycfg import HAProxyLayout, lua_source, render_haproxy_cfg
 from certagent.runtime.tlspolicy import INTERMEDIATE, TlsPolicy
 
-__all__ = ["Upgraded", "upgrade"]
+__all__ = ["Upgraded", "run_upgrade", "upgrade"]
 
 _CHECK_SECONDS = 30
 
@@ -107,6 +108,50 @@ def upgrade(directory: Path, *, tls: TlsPolicy = INTERMEDIATE, dry_run: bool = F
         _replace(path, text)
         result.written.append(path)
     return result
+
+
+def run_upgrade(args: argparse.Namespace, tls: TlsPolicy) -> int:
+    """``certagent init DIR --upgrade``: :func:`upgrade`, and what it did on stdout."""
+    ignored = [
+        flag
+        for flag, value in (
+            ("--bind", args.bind),
+            ("--store", args.store),
+            ("--data-key", args.data_key),
+            ("--acme-directory", args.acme_directory),
+            ("--systemd", args.systemd),
+        )
+        if value
+    ]
+    if ignored:
+        raise ConfigError(
+            f"--upgrade keeps the setup of DIR as it is: {', '.join(ignored)} cannot change it"
+            " (edit certagent.toml, or run init into a new directory)"
+        )
+    done = upgrade(args.directory, tls=tls, dry_run=args.dry_run)
+    if done.diff:
+        print(done.diff, end="")
+    merged = done.merged
+    if merged is not None and (merged.rewritten or merged.added):
+        print(f"haproxy.cfg: rewritten {', '.join(merged.rewritten) or 'nothing'};"
+              f" added {', '.join(merged.added) or 'nothing'};"
+              f" kept as they were {', '.join(merged.kept) or 'nothing'}")  # fmt: skip
+        for line in merged.operator_lines:
+            print(f"  kept your line in {line}")
+    if done.lua_changed:
+        print("certagent.lua: replaced by this release's")
+    for path in done.backups:
+        print(f"backup {path}")
+    for path in done.written:
+        print(f"wrote  {path}")
+    for note in done.notes:
+        print(note)
+    if done.written:
+        print("HAProxy uses the new files from its next reload (systemctl reload haproxy,"
+              " or SIGUSR2 to its master); the running agent answers both")  # fmt: skip
+    elif args.dry_run and (done.diff or done.lua_changed):
+        print("--dry-run: nothing was written")
+    return 0
 
 
 def _http_bind(binds: tuple[str, ...]) -> str:
