@@ -196,9 +196,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    load_before = os.getloadavg()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     runs = [run_one(args.count, i) for i in range(args.repeats)]
-    load_after = os.getloadavg()
+    load_after = [round(x, 2) for x in os.getloadavg()]
     keys = (
         "per_second",
         "bench_cpu_us_per_record",
