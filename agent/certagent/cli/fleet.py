@@ -108,7 +108,7 @@ async def _status(board: FleetBoard, as_json: bool) -> int:
         "store": board.describe(),
         "format": _format(state),
         "newest": board.newest,
-        "finalized": state.marked and state.number >= board.newest,
+        "finalized": state.number >= board.newest,
         "holding_back": held_back,
         "nodes": [_node(n) for n in nodes],
         "this_cli": {"version": __version__, "reads": sorted(READS)},

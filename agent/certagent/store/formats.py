@@ -92,8 +92,11 @@ class FormatState:
     version: str = ""
     node: str = ""
     at: str = ""
+    note: str = ""  # what to say of it instead (a store kind with one format)
 
     def describe(self) -> str:
+        if self.note:
+            return f"format {self.number} ({self.note})"
         if not self.marked:
             return (
                 f"format {self.number} (the store keeps no format number: written by a release"

@@ -33,7 +33,7 @@ def read_format(root: Path) -> FormatState:
     try:
         data, _ = read_regular(path, str(path), 64)
     except (FileNotFoundError, NotADirectoryError):
-        return FormatState(1, marked=False)
+        return FormatState(1, marked=False, note="the one format of a directory store")
     except OSError as exc:
         raise StoreError(f"{path}: cannot read the store's format: {exc}") from exc
     raw = data.decode("ascii", "replace").split()
