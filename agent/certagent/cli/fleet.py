@@ -134,7 +134,7 @@ async def _status(board: FleetBoard, as_json: bool) -> int:
         rows.append(
             (
                 n.node,
-                info.version if info else "0.2.0?",
+                n.version if info else f"{n.version}?",
                 describe_formats(info.reads) if info else "1-2",
                 str(info.writes or "-") if info else "2",
                 "running" if n.live else "stopped",
@@ -202,7 +202,9 @@ def _format(state: FormatState) -> dict[str, Any]:
 def _node(n: NodeSeen) -> dict[str, Any]:
     return {
         "node": n.node,
-        "version": n.info.version if n.info else None,
+        "version": n.version,
+        # False: a 0.2.0 node, which announces its data key but no version (0.2.0 is inferred)
+        "version_announced": n.info is not None,
         "reads": list(n.info.reads) if n.info else None,
         "writes": n.info.writes if n.info else None,
         "haproxy": n.info.haproxy if n.info else None,

@@ -197,7 +197,9 @@ class NodeSeen:
 
     @property
     def version(self) -> str:
-        return self.info.version if self.info is not None else "0.2.0 (does not announce one)"
+        """Its release; ``0.2.0`` for a node that announces its data key but no version (the
+        only release that does so)."""
+        return self.info.version if self.info is not None else "0.2.0"
 
     def reads(self, number: int) -> bool:
         return self.info is not None and number in self.info.reads
