@@ -215,6 +215,8 @@ def redis_pass(records: list[WireRecord], work: Path) -> dict[str, float]:
     work.mkdir(parents=True)
     with RedisProcess(work) as server, redis.Redis.from_url(server.url) as client:
         assert server.proc is not None
+        # a new store is at the newest format, as the store marks it at its first write
+        client.hset(Keys().store_format(), "format", 2)
         client.script_load(ADD_SCRIPT)
         conn = client.connection_pool.get_connection()
         try:
