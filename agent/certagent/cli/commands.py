@@ -164,6 +164,26 @@ def _parser() -> argparse.ArgumentParser:
         " (e.g. X25519:prime256v1; a name the TLS library lacks makes HAProxy refuse the file)",
     )
     pi.add_argument(
+        "--http3",
+        action="store_true",
+        help="also serve HTTP/3: QUIC binds on --bind's address and port (UDP) sharing the"
+        " certificates, and an Alt-Svc header on every response; needs HAProxy 3.0 or later"
+        " built with QUIC, checked now (--haproxy) and by 'certagent run'",
+    )
+    pi.add_argument(
+        "--haproxy",
+        metavar="PATH",
+        help="with --http3: the HAProxy binary that will run this configuration, checked for"
+        " QUIC (default: the haproxy first on PATH)",
+    )
+    pi.add_argument(
+        "--http3-max-age",
+        type=int,
+        metavar="SECONDS",
+        help=f"with --http3: the Alt-Svc max-age, how long clients try HTTP/3 first (default"
+        f" {config.HTTP3_MAX_AGE}; docs/haproxy.md#http3)",
+    )
+    pi.add_argument(
         "--run-dir",
         type=Path,
         metavar="DIR",
@@ -357,6 +377,21 @@ def _print_status(st: dict[str, Any]) -> None:
         ch = acme["challenges"]
         print(f"  challenges   {ch['serving']} answered by this node now, {ch['answered']} in all")
         _print_renewal(acme.get("renewal"))
+    h3 = st.get("http3")
+    if h3:
+        quic = h3["quic"]
+        seen = (
+            f"{quic['connections']} connections, {quic['requests']} requests,"
+            f" {quic['refused']} refused handshakes (closes)"
+            if quic
+            else "QUIC counters unreadable"
+        )
+        idle = h3["recycled_idle_s"]
+        print(
+            f"http3          {seen}; {h3['returns']} recycled hosts back within max-age"
+            f" {h3['max_age']} s; recycled slots idle min {idle['min']} s,"
+            f" median {idle['median']} s"
+        )
     tk = st.get("tickets")
     if tk:
         where = {True: "in HAProxy", False: "NOT in HAProxy (haproxy.cfg lacks them)"}
@@ -432,6 +467,9 @@ def _init(args: argparse.Namespace) -> int:
             ask=args.ask,
             http_bind=args.http_bind,
             acme_challenge=args.acme_challenge,
+            http3=args.http3,
+            haproxy=args.haproxy,
+            http3_max_age=args.http3_max_age,
         )
     )
     d = args.directory.absolute()
