@@ -5,7 +5,8 @@ same HAProxy binary preloading the same certificates on a TCP and a QUIC bind (t
 generated configuration less certagent: ``bench._configs.plain_preload_http3``), all
 on loopback.  Every host is loaded into certagent by a TCP connection first, as a
 browser's first visit would.  Then, ``--repeats`` times, each side in turn (the order
-alternates): HTTP/3 keep-alive requests, HTTP/3 full handshakes, TCP keep-alive
+alternates, and within each window the two take turns operation by operation):
+HTTP/3 keep-alive requests, HTTP/3 full handshakes, TCP keep-alive
 requests and TCP full handshakes, each with HAProxy's CPU per operation
 (:mod:`bench.http3.measure`).  Prints the JSON and writes
 ``<out>/<date>-http3.json`` and ``.md`` (never over an earlier result).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import ssl
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -39,8 +41,8 @@ METRICS = ("h3_keepalive", "h3_handshake", "tcp_keepalive", "tcp_handshake")
 @dataclass(frozen=True)
 class Sizes:
     hosts: int
-    h3_connections: int
-    h3_requests: int  # per connection
+    h3_connections: int  # kept open, used in turn
+    h3_requests: int  # per side and window
     h3_handshakes: int
     tcp_connections: int
     tcp_requests: int
@@ -48,8 +50,8 @@ class Sizes:
     repeats: int
 
 
-FULL = Sizes(20, 4, 500, 300, 4, 1000, 1000, 5)
-SMOKE = Sizes(3, 2, 20, 10, 2, 20, 20, 3)
+FULL = Sizes(20, 4, 4000, 400, 4, 4000, 1000, 5)
+SMOKE = Sizes(3, 2, 40, 10, 2, 40, 20, 3)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -96,6 +98,42 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "ratio_all_processes": round(statistics.median(with_agent), 3),
         }
     return out
+
+
+def _repeat(
+    repeat: int,
+    targets: list[measure.Target],
+    hosts: Sequence[str],
+    cafile: Path,
+    ctx: ssl.SSLContext,
+    sizes: Sizes,
+) -> dict[str, Any]:
+    """One repeat: each metric's window, certagent and the preload interleaved."""
+    if repeat % 2:  # which side goes first alternates from repeat to repeat too
+        targets = targets[::-1]
+    row: dict[str, Any] = {"first": targets[0].label}
+    h3 = [measure.H3KeepAlive(t, hosts, cafile, sizes.h3_connections) for t in targets]
+    tcp = [measure.TcpKeepAlive(t, hosts, ctx, sizes.tcp_connections) for t in targets]
+    try:
+        windows = {
+            "h3_keepalive": measure.interleaved(targets, h3, sizes.h3_requests),
+            "h3_handshake": measure.interleaved(
+                targets, [measure.h3_handshake(t, hosts, cafile) for t in targets],
+                sizes.h3_handshakes,
+            ),
+            "tcp_keepalive": measure.interleaved(targets, tcp, sizes.tcp_requests),
+            "tcp_handshake": measure.interleaved(
+                targets, [measure.tcp_handshake(t, hosts, ctx) for t in targets],
+                sizes.tcp_handshakes,
+            ),
+        }  # fmt: skip
+    finally:
+        for keepalive in (*h3, *tcp):
+            keepalive.close()
+    for i, target in enumerate(targets):
+        row[target.label] = {metric: figures[i] for metric, figures in windows.items()}
+    say(f"bench.http3: repeat {repeat + 1} done")
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,28 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "preload": measure.Target("preload", preload.port, preload.worker_pid()),
         }
         ctx = client_context(pki.cafile)
-        rows: list[dict[str, Any]] = []
-        for repeat in range(repeats):
-            order = ["certagent", "preload"] if repeat % 2 == 0 else ["preload", "certagent"]
-            row: dict[str, Any] = {"order": order}
-            for side in order:
-                t = targets[side]
-                row[side] = {
-                    "h3_keepalive": measure.h3_keepalive(
-                        t, hosts, pki.cafile, sizes.h3_connections, sizes.h3_requests
-                    ).as_dict(),
-                    "h3_handshake": measure.h3_handshakes(
-                        t, hosts, pki.cafile, sizes.h3_handshakes
-                    ).as_dict(),
-                    "tcp_keepalive": measure.tcp_keepalive(
-                        t, hosts, ctx, sizes.tcp_connections, sizes.tcp_requests
-                    ).as_dict(),
-                    "tcp_handshake": measure.tcp_handshakes(
-                        t, hosts, ctx, sizes.tcp_handshakes
-                    ).as_dict(),
-                }
-            rows.append(row)
-            say(f"bench.http3: repeat {repeat + 1}/{repeats} done")
+        sides = [targets["certagent"], targets["preload"]]
+        rows = [_repeat(n, sides, hosts, pki.cafile, ctx, sizes) for n in range(repeats)]
         status = agent.status()
         result = {
             "meta": {

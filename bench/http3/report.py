@@ -24,9 +24,10 @@ def markdown(result: dict[str, Any]) -> str:
         "certagent: `certagent init --http3`, every host loaded by a TCP connection first."
         " Preload: the same binary and generated configuration less certagent, every"
         " certificate in a crt-list on the TCP and the QUIC bind.",
-        f"{sizes['repeats']} repeats, the two sides alternating; HAProxy worker CPU per"
-        " operation (every thread, schedstat), median of each side; the ratio is the median"
-        " of the per-repeat ratios, [min, max] beside it.",
+        f"{sizes['repeats']} repeats; in each, one window per figure in which the two sides"
+        " take turns operation by operation (the CPU of both read at the same instants);"
+        " HAProxy worker CPU per operation (every thread, schedstat), median of each side;"
+        " the ratio is the median of the per-window ratios, [min, max] beside it.",
         "",
         "| per | certagent µs | preload µs | ratio | [min, max] | with agent + Redis |",
         "|---|---:|---:|---:|---|---:|",
@@ -38,11 +39,11 @@ def markdown(result: dict[str, Any]) -> str:
             f" | [{s['ratio_min']}, {s['ratio_max']}] | x{s['ratio_all_processes']} |"
         )
     ops = (
-        f"HTTP/3: {sizes['h3_connections']} connections x {sizes['h3_requests']} requests,"
-        f" {sizes['h3_handshakes']} handshakes; TCP: {sizes['tcp_connections']} connections x"
-        f" {sizes['tcp_requests']} requests, {sizes['tcp_handshakes']} handshakes, per side and"
-        " repeat. The HTTP/3 client is aioquic (pure Python): only HAProxy's CPU is counted,"
-        " never the client's."
+        f"Per side and window: HTTP/3 {sizes['h3_requests']} requests over"
+        f" {sizes['h3_connections']} connections, {sizes['h3_handshakes']} handshakes; TCP"
+        f" {sizes['tcp_requests']} requests over {sizes['tcp_connections']} connections,"
+        f" {sizes['tcp_handshakes']} handshakes (every one a full handshake). The HTTP/3"
+        " client is aioquic (pure Python): only HAProxy's CPU is counted, never the client's."
     )
     lines += ["", ops, ""]
     return "\n".join(lines)
