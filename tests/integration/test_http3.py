@@ -114,6 +114,8 @@ def test_http3_serves_a_host_tcp_loaded_and_never_one_from_an_old_slot(
     quic = http3["quic"]
     assert quic["refused"] >= 3  # three refusals (a client may repeat its close)
     assert (quic["connections"], quic["requests"]) == (3, 3)
+    check = stack.cli("check")
+    assert check.returncode == 0 and "ok    HTTP/3: HAProxy serves QUIC" in check.stdout
     metrics = stack.cli("status", "--json")
     assert metrics.returncode == 0 and json.loads(metrics.stdout)["http3"]["returns"] == 1
     assert not stack.consistency_problems()

@@ -25,7 +25,7 @@ from certagent.cli.init import InitOptions, init
 from certagent.cli.tokens import add_token_commands, run_token_command
 from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
-from certagent.runtime.build import HAProxyBuild, differences, probe_build
+from certagent.runtime.build import HAProxyBuild, differences, http3_problem, probe_build
 from certagent.runtime.client import probe_identity, query
 from certagent.runtime.tlspolicy import PROFILES, TlsPolicy
 from certagent.store import open_configured
@@ -275,6 +275,13 @@ async def _check(settings: config.Settings) -> bool:
         print(f"ok    {build.describe()}, pid {ident.pid} at {settings.haproxy_socket}")
         for note in differences(build):
             print(f"      on this version: {note}")
+        if settings.http3:
+            problem = http3_problem(build, settings.haproxy_socket)
+            if problem is None:
+                print("ok    HTTP/3: HAProxy serves QUIC (http3 = true)")
+            else:
+                print(f"FAIL  HTTP/3 (http3 = true): {problem}")
+                ok = False
         crtlists = await query(settings.haproxy_socket, protocol.show_crtlists())
         if settings.crt_list not in protocol.parse_show_crtlists(crtlists):
             print(f"FAIL  crt-list {settings.crt_list} is not in HAProxy's configuration")
