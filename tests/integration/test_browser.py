@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from certagent.runtime.build import http3_problem
-from certagent.testing import HAPROXY, PKI, RedisFixture, haproxy_build
+from certagent.testing import HAPROXY, PKI, RedisFixture, haproxy_build, wait_for
 from tests.integration.conftest import StackFactory
 
 pytestmark = pytest.mark.integration
@@ -133,8 +134,14 @@ def test_chromium_moves_to_http3_and_comes_back_after_a_recycle(
     profile = tmp_path / "profile"  # the browser's profile keeps the Alt-Svc across restarts
     url = f"https://{host}:{stack.port}/"
 
-    def visits(count: int) -> list[dict[str, Any]]:
-        """``count`` visits in a browser started on ``profile``: each page's response."""
+    def quic_connections() -> int:
+        return int(stack.status()["http3"]["quic"]["connections"])
+
+    def visits(count: int, settle: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+        """``count`` visits in a browser started on ``profile``: each page's response.
+
+        ``settle`` runs after the first visit, its page still open.
+        """
         responses: list[dict[str, Any]] = []
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch_persistent_context(
@@ -142,7 +149,9 @@ def test_chromium_moves_to_http3_and_comes_back_after_a_recycle(
                 args=_quic_on(host),
             )  # fmt: skip
             try:
-                for _ in range(count):
+                for visit in range(count):
+                    if visit == 1:
+                        settle()
                     page = browser.new_page()
                     devtools = page.context.new_cdp_session(page)
                     devtools.on(
@@ -152,7 +161,6 @@ def test_chromium_moves_to_http3_and_comes_back_after_a_recycle(
                     reply = page.goto(url, timeout=30_000)
                     assert reply is not None and reply.status == 200
                     assert reply.text() == "ok\n"
-                    page.close()
             finally:
                 browser.close()
         pages = [r for r in responses if r["url"] == url]
@@ -164,8 +172,14 @@ def test_chromium_moves_to_http3_and_comes_back_after_a_recycle(
         assert len(pages) == count
         return pages
 
-    # two visits to a host never seen: the first over TCP loads it, the second is HTTP/3
-    first, second = visits(2)
+    # two visits to a host never seen: the first over TCP loads it, the second is HTTP/3.
+    # Chromium opens its QUIC connection in the background, after the first response's Alt-Svc
+    # (with that page's next request): the second visit waits for it, or it would use the
+    # HTTP/2 connection still open
+    def quic_up() -> None:
+        wait_for(lambda: quic_connections() >= 1, 15.0, "Chromium's QUIC connection")
+
+    first, second = visits(2, quic_up)
     print(f"Chromium on {haproxy_build().describe()}: {first['protocol']}, {second['protocol']}")
     assert (first["protocol"], second["protocol"]) == ("h2", "h3")
     assert first["headers"]["alt-svc"].startswith(f'h3=":{stack.port}"; ma=')
