@@ -11,6 +11,7 @@ connection loads the host again.  Run where HAProxy is built with QUIC (Debian's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import ssl
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from certagent.cli.init import InitOptions, init
+from certagent.errors import ConfigError
 from certagent.runtime.build import http3_problem
 from certagent.testing import HAPROXY, certagent_argv, haproxy_build, wait_for
 from certagent.testing.certs import issue
@@ -231,3 +234,17 @@ def test_an_agent_told_http3_stops_on_an_haproxy_without_quic(
     log = stack.agent_log()
     assert f"http3 = true in the configuration, but HAProxy {haproxy_build().version}" in log
     assert "run an HAProxy built with QUIC" in log
+
+
+def test_the_http3_options_are_refused_alone_or_out_of_range(tmp_path: Path) -> None:
+    base = InitOptions(tmp_path / "ca", "127.0.0.1:18443", str(tmp_path / "certs"))
+    with pytest.raises(ConfigError, match="--haproxy is for HTTP/3: add --http3"):
+        init(dataclasses.replace(base, haproxy=HAPROXY))
+    with pytest.raises(ConfigError, match="--http3-max-age is for HTTP/3: add --http3"):
+        init(dataclasses.replace(base, http3_max_age=600))
+    with pytest.raises(ConfigError, match="--http3: cannot run /nonexistent/haproxy -vv"):
+        init(dataclasses.replace(base, http3=True, haproxy="/nonexistent/haproxy"))
+    if NO_HTTP3 is None:
+        with pytest.raises(ConfigError, match="http3_max_age must be between 60 s and 86400 s"):
+            init(dataclasses.replace(base, http3=True, haproxy=HAPROXY, http3_max_age=30))
+    assert not (tmp_path / "ca").exists()  # a refused argument leaves nothing behind
