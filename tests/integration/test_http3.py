@@ -121,6 +121,9 @@ def test_http3_serves_a_host_tcp_loaded_and_never_one_from_an_old_slot(
     assert check.returncode == 0 and "ok    HTTP/3: HAProxy serves QUIC" in check.stdout
     metrics = stack.cli("status", "--json")
     assert metrics.returncode == 0 and json.loads(metrics.stdout)["http3"]["returns"] == 1
+    text = stack.cli("status").stdout
+    assert "3 connections, 3 requests" in text
+    assert "1 recycled hosts back within max-age 600 s; recycled slots had been idle" in text
     assert not stack.consistency_problems()
 
 

@@ -394,10 +394,15 @@ def _print_status(st: dict[str, Any]) -> None:
             else "QUIC counters unreadable"
         )
         idle = h3["recycled_idle_s"]
+        recycled = (
+            f"recycled slots had been idle min {idle['min']} s, p10 {idle['p10']} s,"
+            f" median {idle['median']} s (latest {idle['recycles']})"
+            if idle["recycles"]
+            else "no slot recycled yet"
+        )
         print(
             f"http3          {seen}; {h3['returns']} recycled hosts back within max-age"
-            f" {h3['max_age']} s; recycled slots idle min {idle['min']} s,"
-            f" median {idle['median']} s"
+            f" {h3['max_age']} s; {recycled}"
         )
     tk = st.get("tickets")
     if tk:
