@@ -29,8 +29,9 @@ _VERSION = re.compile(r"^HA-?Proxy version (\S+)", re.M)
 _OPENSSL = re.compile(r"^\s*Running on (?:OpenSSL|SSL library) version : (.+?)\s*$", re.M)
 _LUA = re.compile(r"^\s*Built with Lua version : (.+?)\s*$", re.M)
 _NUMBERS = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
-# "Feature list : +A -B" (haproxy -vv) or "Features" and the list on the next line (show dev)
-_FEATURES = re.compile(r"^(?:Feature list :|Features\s*\n)\s*([+-][^\n]*)$", re.M)
+# "Feature list : +A -B" (haproxy -vv), or "Features" ("Features:" from 3.4 on) and the list
+# on the next line (show dev)
+_FEATURES = re.compile(r"^(?:Feature list :|Features:?[ \t]*\n)\s*([+-][^\n]*)$", re.M)
 #: The oldest HAProxy branch certagent serves HTTP/3 on (tested: 3.0, 3.2, 3.4).
 HTTP3_BRANCH = (3, 0)
 

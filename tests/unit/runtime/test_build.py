@@ -42,6 +42,16 @@ Running on SSL library version : OpenSSL 3.6.5 29 Sep 2026
 SSL library supports TLS extensions : yes
 Built with Lua version : Lua 5.4.9
 """
+# show dev of Debian experimental's 3.4.7 (excerpt): the section titles end in ':'
+SHOW_DEV_34 = """\
+HAProxy version 3.4.7-1
+Features:
+  -51DEGREES +ACCEPT4 +KTLS +QUIC -QUIC_OPENSSL_COMPAT +RT +ACME +HAVE_TCP_MD5SIG
+Build options:
+  Built with SSL library version : OpenSSL 3.6.5 29 Sep 2026
+  Running on SSL library version : OpenSSL 3.6.5 29 Sep 2026
+  Built with Lua version : Lua 5.4.9
+"""
 SHOW_LIBS_26 = """\
 0x55c05818b000-0x55c05853f277 (0x03b4278) /usr/sbin/haproxy
 0x7fa926b11000-0x7fa926b4c2a7 (0x003b2a8) /lib/x86_64-linux-gnu/libcrypt.so.1
@@ -105,6 +115,7 @@ def test_differences_name_the_version_specific_behaviour() -> None:
         (VV_26, False, False, "HAProxy 2.6.12-1+deb12u4 (/usr/sbin/haproxy) cannot serve"),
         (SHOW_DEV_30, True, True, None),
         (VV_32, True, False, None),
+        (SHOW_DEV_34, True, False, None),
     ],
 )
 def test_quic_comes_from_the_feature_list(
