@@ -8,6 +8,8 @@
 * :func:`plain_preload` -- the generated configuration without certagent: fe_tls
   on the public port preloading every certificate, no Lua and no hop (the floor of
   ``bench.versions --preload``).
+* :func:`plain_preload_http3` -- the same for a ``certagent init --http3`` configuration:
+  fe_tls's QUIC bind preloads the certificates too (``bench.http3``'s floor).
 * :data:`VARIANTS` -- rewrites of the generated configuration that might make
   the hop cheaper; each is a function of the generated text.
 """
@@ -97,6 +99,17 @@ def plain_preload(cfg: str, port: int, crt_list: Path) -> str:
     ssl_options = re.sub(r"crt-list \S+", f"crt-list {crt_list}", bind.group(1))
     line = bind.group(0)
     return cfg.replace(line, line[: line.index("bind ")] + f"bind 127.0.0.1:{port} {ssl_options}")
+
+
+def plain_preload_http3(cfg: str, port: int, crt_list: Path) -> str:
+    """:func:`plain_preload` of an ``init --http3`` configuration: the QUIC bind preloads
+    ``crt_list`` too, and counts no use in fe_sni's table (there is none); the Alt-Svc
+    header stays (a preloading HAProxy announces HTTP/3 just the same)."""
+    cfg = plain_preload(cfg, port, crt_list)
+    cfg = re.sub(
+        r"^(\s+bind quic\S+ .*)crt-list \S+", rf"\g<1>crt-list {crt_list}", cfg, flags=re.M
+    )
+    return re.sub(r"^\s+tcp-request session track-sc0 .*table fe_sni.*\n", "", cfg, flags=re.M)
 
 
 # --- hop variants ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ sit in one place, choose what those runs leave out:
   made-up names, renewal): run on 2.6 only, left out on 3.0 and 3.2, to keep CI
   under 30 minutes (on 3.2 the bench's smoke runs alone took 4 minutes).
 * ``own_builds``: tests that start every HAProxy build they compare themselves
-  (``python -m bench.versions``): run once, in the 2.6 run.
+  (``python -m bench.versions``, ``python -m bench.http3``): run once, in the 2.6 run.
 
 The header of each run names the HAProxy under test and the marks it leaves out.
 """
@@ -74,7 +74,7 @@ HEAVY = {
     "test_scale.py::test_status_json_with_thousands_of_loaded_slots_answers_in_full",
 }
 
-OWN_BUILDS = {"test_bench_versions"}
+OWN_BUILDS = {"test_bench_versions", "test_bench_http3"}
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

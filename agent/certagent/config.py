@@ -39,6 +39,8 @@ ACME_LOAD_MARGIN = 1.0
 MIN_TICKET_ROTATION = 600.0
 # HAProxy's inspect-delay bounds how long a connection can wait; init renders it from hold.
 MAX_HOLD = 60.0
+# The default Alt-Svc max-age of `certagent init --http3` (s): docs/haproxy.md#http3.
+HTTP3_MAX_AGE = 3600
 # Keys older versions wrote, and what to do about each.
 RETIRED = {
     "map_file": "loaded hosts are marked in the usage table now; delete the line and re-run"
@@ -102,6 +104,12 @@ class Settings:
     haproxy_timeout: float = 5.0
     # what clients get when no certificate can be loaded (used by `certagent init`)
     fallback: str = "default-cert"
+    # haproxy.cfg serves HTTP/3 (`certagent init --http3`): the agent refuses an HAProxy
+    # built without QUIC and reports fe_tls's QUIC handshake failures
+    http3: bool = False
+    # the Alt-Svc max-age (s) `certagent init --http3` writes into haproxy.cfg: how long a
+    # client keeps trying HTTP/3 first (docs/haproxy.md#http3 says how it was chosen)
+    http3_max_age: int = HTTP3_MAX_AGE
     log_level: str = "info"
     # "text" or "json" (one object per line: time, level, logger, message)
     log_format: str = "text"
@@ -217,6 +225,10 @@ class Settings:
         if not 0 < self.hold <= MAX_HOLD or self.haproxy_timeout <= 0:
             raise ConfigError(
                 f"hold must be between 0 and {MAX_HOLD:.0f} s and haproxy_timeout positive"
+            )
+        if not 60 <= self.http3_max_age <= 86400:
+            raise ConfigError(
+                f"http3_max_age must be between 60 s and 86400 s (a day), not {self.http3_max_age}"
             )
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"log_format must be text or json, not {self.log_format!r}")

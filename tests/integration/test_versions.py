@@ -79,9 +79,11 @@ def test_check_and_status_name_the_build_and_what_differs(
         "openssl": build.openssl,
         "lua": build.lua,
         "post_quantum": build.post_quantum,
+        "quic": build.quic,
         "differences": differences(build),
     }
     assert build.openssl is not None and build.lua is not None  # known on every version
+    assert build.quic is (build.branch >= (3, 0))  # Debian builds QUIC in from 3.0 on
     text = stack.cli("status")
     assert f"pid {stack.worker_pid()} ({build.describe()})" in text.stdout
     assert "HAProxy build: " + build.describe() in stack.agent_log()

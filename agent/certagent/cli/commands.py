@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,12 @@ from certagent.cli.cert import CERT_COMMANDS, add_cert_commands, run_cert_comman
 from certagent.cli.domains import DOMAIN_COMMAND, add_domain_commands, run_domain_command
 from certagent.cli.fleet import FLEET_COMMAND, add_fleet_commands, run_fleet_command
 from certagent.cli.init import InitOptions, init
+from certagent.cli.statustext import print_status
 from certagent.cli.tokens import add_token_commands, run_token_command
 from certagent.cli.upgrade import run_upgrade
 from certagent.errors import AgentError, ConfigError
 from certagent.runtime import protocol
-from certagent.runtime.build import HAProxyBuild, differences, probe_build
+from certagent.runtime.build import differences, http3_problem, probe_build
 from certagent.runtime.client import probe_identity, query
 from certagent.runtime.tlspolicy import PROFILES, TlsPolicy
 from certagent.store import open_configured
@@ -182,6 +182,26 @@ def _parser() -> argparse.ArgumentParser:
         " (e.g. X25519:prime256v1; a name the TLS library lacks makes HAProxy refuse the file)",
     )
     pi.add_argument(
+        "--http3",
+        action="store_true",
+        help="also serve HTTP/3: QUIC binds on --bind's address and port (UDP) sharing the"
+        " certificates, and an Alt-Svc header on every response; needs HAProxy 3.0 or later"
+        " built with QUIC, checked now (--haproxy) and by 'certagent run'",
+    )
+    pi.add_argument(
+        "--haproxy",
+        metavar="PATH",
+        help="with --http3: the HAProxy binary that will run this configuration, checked for"
+        " QUIC (default: the haproxy first on PATH)",
+    )
+    pi.add_argument(
+        "--http3-max-age",
+        type=int,
+        metavar="SECONDS",
+        help=f"with --http3: the Alt-Svc max-age, how long clients try HTTP/3 first (default"
+        f" {config.HTTP3_MAX_AGE}; docs/haproxy.md#http3)",
+    )
+    pi.add_argument(
         "--run-dir",
         type=Path,
         metavar="DIR",
@@ -274,6 +294,13 @@ async def _check(settings: config.Settings) -> bool:
         print(f"ok    {build.describe()}, pid {ident.pid} at {settings.haproxy_socket}")
         for note in differences(build):
             print(f"      on this version: {note}")
+        if settings.http3:
+            problem = http3_problem(build, settings.haproxy_socket)
+            if problem is None:
+                print("ok    HTTP/3: HAProxy serves QUIC (http3 = true)")
+            else:
+                print(f"FAIL  HTTP/3 (http3 = true): {problem}")
+                ok = False
         crtlists = await query(settings.haproxy_socket, protocol.show_crtlists())
         if settings.crt_list not in protocol.parse_show_crtlists(crtlists):
             print(f"FAIL  crt-list {settings.crt_list} is not in HAProxy's configuration")
@@ -336,93 +363,6 @@ async def _status(settings: config.Settings, slots: bool = False) -> dict[str, A
     return await ask(settings.agent_socket, b"status")
 
 
-def _print_status(st: dict[str, Any]) -> None:
-    e, ld = st["ensure"], st["loader"]
-    print(f"agent pid      {st['agent_pid']}")
-    up = {True: "up", False: "DOWN"}
-    build = st.get("haproxy_build")
-    what = (
-        HAProxyBuild(build["version"], build["openssl"], build["lua"]).describe()
-        if build
-        else f"HAProxy {st['haproxy_version']}"
-    )
-    print(f"haproxy        {up[st['haproxy_up']]}, pid {st['haproxy_pid']} ({what})")
-    for note in build["differences"] if build else ():
-        print(f"  this version {note}")
-    print(f"store          {up[st['store_up']]}, {st['store']}")
-    fleet = st.get("fleet")
-    if fleet:
-        stored = fleet["store_format"]
-        print(
-            f"fleet          node {fleet['node']}, certagent {fleet['version']}, writes store"
-            f" format {stored if stored is not None else 'unknown yet'}"
-            " (certagent fleet status: every node)"
-        )
-    print(
-        f"slots          {st['slots_used']} / {st['capacity']}"
-        f" ({st['hosts_marked']} hosts marked loaded)"
-    )
-    print(
-        f"requests       {e['requests']}: hits {e['hits']}, loaded {e['loaded']},"
-        f" unknown {e['unknown']} (+{e['negative_hits']} cached), busy {e['busy']},"
-        f" invalid {e['invalid']}, errors {e['errors']}"
-    )
-    print(
-        f"haproxy loads  {ld['loads']} ({ld['recycles']} recycled slots,"
-        f" {ld['mark_only']} mark-only), failures {ld['failures']}, resyncs {ld['resets']}"
-    )
-    acme = st.get("issuance")
-    if acme:
-        failed = ", ".join(f"{r} {n}" for r, n in sorted(acme["failed_by_reason"].items()))
-        print(
-            f"issuance       from {acme['account']['directory']}: {acme['pending']} in progress,"
-            f" orders {acme['orders_valid']} valid / {acme['orders_failed']} failed"
-            + (f" ({failed})" if failed else "")
-            + f", {acme['fallbacks']} first connections got the fallback"
-        )
-        pm = acme["permission"]
-        print(
-            f"  permission   {'; '.join(pm['policies'])}: allowed {pm['allowed']},"
-            f" denied {pm['denied']} ({pm['cached']} answers cached)"
-        )
-        ch = acme["challenges"]
-        print(f"  challenges   {ch['serving']} answered by this node now, {ch['answered']} in all")
-        _print_renewal(acme.get("renewal"))
-    tk = st.get("tickets")
-    if tk:
-        where = {True: "in HAProxy", False: "NOT in HAProxy (haproxy.cfg lacks them)"}
-        print(
-            f"ticket keys    generation {tk['generation']}, {where.get(tk['in_haproxy'], '?')},"
-            f" next rotation in {_until(tk['next_rotation'])}, ring in {tk['store']}"
-        )
-    _print_data_keys(st.get("data_keys"))
-
-
-def _print_data_keys(dk: dict[str, Any] | None) -> None:
-    """The data keys this agent holds, and the records it could not decrypt (5 shown)."""
-    if not dk:
-        return
-    print(
-        f"data keys      {' '.join(dk['key_ids'])} (the first is current),"
-        f" announced as {dk['node']}"
-    )
-    unreadable = dk["undecryptable"]["records"]
-    if unreadable:
-        print(
-            f"  UNDECRYPTABLE {len(unreadable)} record(s) this key file cannot decrypt"
-            " (their hosts get the fallback; --json lists them all):"
-        )
-        for record in unreadable[:5]:
-            print(f"    {record['name']}: record {record['id']}, data key {record['key_id']}")
-
-
-def _until(when: float | None) -> str:
-    if when is None:
-        return "?"
-    left = max(0, int(when - time.time()))
-    return f"{left // 3600}h{left % 3600 // 60:02d}m"
-
-
 def main(argv: list[str] | None = None) -> int:
     """``certagent``: its exit status.  A closed stdout (``certagent cert ls | head``) is quiet."""
     try:
@@ -471,6 +411,9 @@ def _init(args: argparse.Namespace) -> int:
             ask=args.ask,
             http_bind=args.http_bind,
             acme_challenge=args.acme_challenge,
+            http3=args.http3,
+            haproxy=args.haproxy,
+            http3_max_age=args.http3_max_age,
         )
     )
     d = args.directory.absolute()
@@ -523,7 +466,7 @@ def _main(argv: list[str] | None) -> int:
             if args.json:
                 print(json.dumps(st, indent=2, sort_keys=True))
             else:
-                _print_status(st)
+                print_status(st)
             down = [what for what in ("haproxy", "store") if not st.get(f"{what}_up", True)]
             if down:
                 print(f"certagent: {' and '.join(down)} down", file=sys.stderr)
@@ -537,27 +480,3 @@ def _main(argv: list[str] | None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-
-
-def _print_renewal(rn: dict[str, Any] | None) -> None:
-    """``status``: the renewal schedule, this node's renewals, overdue and failing names."""
-    if rn is None:
-        print("  renewal      off on this node (renew_tick = 0)")
-        return
-    if "error" in rn:
-        print(f"  renewal      schedule unknown: {rn['error']}")
-        return
-    print(
-        f"  renewal      {rn['scheduled']} scheduled, {rn['due']} due, {rn['overdue']} overdue,"
-        f" {rn['failing']} failing here; renewed here {rn['done']}, failed {rn['failed']}"
-    )
-    for entry in rn["overdue_names"]:
-        print(
-            f"    overdue    {entry['name']}: renewal due since {entry['renew_at']},"
-            f" expires {entry['expires'] or 'unknown'}"
-        )
-    for name, failing in rn["failing_names"].items():
-        print(
-            f"    failing    {name}: {failing['failures']} in a row ({failing['reason']}),"
-            f" expires {failing['expires']}, next attempt {failing['next_attempt']}"
-        )

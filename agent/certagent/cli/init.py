@@ -14,6 +14,7 @@ import dataclasses
 import ipaddress
 import os
 import pwd
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from certagent.certs.keycrypt import KeyRing, generate_key_line
 from certagent.certs.selfsigned import default_certificate
 from certagent.certs.ticketkeys import keys_file, new_ring
 from certagent.cli.systemd import SystemdPlan, systemd_files
-from certagent.errors import ConfigError
+from certagent.errors import ConfigError, HAProxyError
+from certagent.runtime.build import binary_build, http3_problem
 from certagent.runtime.haproxycfg import HAProxyLayout, log_target, lua_source, render_haproxy_cfg
 from certagent.runtime.tlspolicy import INTERMEDIATE, TlsPolicy
 from certagent.store import parse_store_url
@@ -58,6 +60,11 @@ class InitOptions:
     ask: str | None = None  # the permission endpoint (GET ?domain=NAME, 2xx allows)
     http_bind: str | None = None  # fe_http (HTTP-01 answers); default: port 80 on --bind's
     acme_challenge: str = "http-01"
+    # HTTP/3 (--http3): QUIC binds beside the TCP one, if ``haproxy`` (the binary that will
+    # run the file; default: the first on PATH) is built with QUIC; Alt-Svc max-age (s)
+    http3: bool = False
+    haproxy: str | None = None
+    http3_max_age: int | None = None  # None: config.HTTP3_MAX_AGE
 
 
 @dataclasses.dataclass
@@ -99,6 +106,7 @@ def init(opts: InitOptions) -> InitResult:
                 "pass a shorter --run-dir (e.g. /run/certagent)"
             )
     acme = _acme_settings(opts, directory)
+    http3_note = _check_http3(opts)
     ring: KeyRing | None = None
     if opts.data_key is not None:
         if store.kind != "redis":
@@ -128,6 +136,8 @@ def init(opts: InitOptions) -> InitResult:
         hold=_hold(opts),
         key_file=str(key_path) if store.kind == "redis" else "",
         tls_keys_file=str(tickets_dir / "tls-ticket.keys"),
+        http3=opts.http3,
+        http3_max_age=opts.http3_max_age or config.HTTP3_MAX_AGE,
         **acme,
     )  # validates capacity, fallback, hold, the issuance settings ...
     layout = HAProxyLayout(
@@ -151,6 +161,7 @@ def init(opts: InitOptions) -> InitResult:
         http_bind=_http_bind(opts) if settings.challenge_map else None,
         challenge_map=Path(settings.challenge_map) if settings.challenge_map else None,
         acme_alpn=settings.acme_directory != "" and settings.acme_challenge == "tls-alpn-01",
+        http3_max_age=settings.http3_max_age if opts.http3 else None,
     )
     config_files: dict[Path, str] = {
         layout.cfg_path: render_haproxy_cfg(layout),
@@ -203,7 +214,7 @@ def init(opts: InitOptions) -> InitResult:
             continue
         _write(path, data, mode, owner if mode == 0o600 and path != layout.default_cert else None)
         written.append(path)
-    notes: list[str] = []
+    notes: list[str] = [http3_note] if http3_note else []
     kid: str | None = None
     if store.kind == "redis":
         kid = KeyRing.from_file(key_path).current
@@ -216,6 +227,34 @@ def init(opts: InitOptions) -> InitResult:
     if store.sentinel_password:
         notes.append(f"sentinel password: {sentinel_path} (mode 0600), not in certagent.toml")
     return InitResult(settings, written, kept, kid, notes)
+
+
+def _check_http3(opts: InitOptions) -> str | None:
+    """With ``--http3``: the HAProxy that will run the file serves QUIC (ConfigError if not).
+
+    Returns a note naming the build that was checked.  ``certagent run`` checks the
+    running HAProxy again.
+    """
+    if not opts.http3:
+        for given, flag in ((opts.haproxy, "--haproxy"), (opts.http3_max_age, "--http3-max-age")):
+            if given is not None:
+                raise ConfigError(f"{flag} is for HTTP/3: add --http3")
+        return None
+    binary = opts.haproxy or shutil.which("haproxy")
+    if binary is None:
+        raise ConfigError(
+            "--http3: no haproxy on PATH to check for QUIC; name the binary that will run"
+            " this configuration with --haproxy PATH"
+        )
+    try:
+        build = binary_build(binary)
+    except HAProxyError as exc:
+        raise ConfigError(f"--http3: {exc}") from exc
+    problem = http3_problem(build, binary)
+    if problem is not None:
+        raise ConfigError(f"--http3: {problem}")
+    limited = " (limited-quic: OpenSSL's QUIC compatibility layer)" if build.limited_quic else ""
+    return f"HTTP/3: {build.describe()} at {binary} serves QUIC{limited}"
 
 
 #: ``--hold`` with issuance on, unless given: a first connection waits for its certificate

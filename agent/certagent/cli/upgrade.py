@@ -44,8 +44,15 @@ class Upgraded:
     notes: list[str] = field(default_factory=list)
 
 
-def upgrade(directory: Path, *, tls: TlsPolicy = INTERMEDIATE, dry_run: bool = False) -> Upgraded:
-    """Bring ``directory``'s haproxy.cfg and certagent.lua up to this release (see above)."""
+def upgrade(
+    directory: Path,
+    *,
+    tls: TlsPolicy = INTERMEDIATE,
+    dry_run: bool = False,
+    haproxy: str | None = None,
+) -> Upgraded:
+    """Bring ``directory``'s haproxy.cfg and certagent.lua up to this release (see above);
+    ``haproxy``: the binary that checks the result (default: the first on PATH)."""
     directory = directory.absolute()
     toml, cfg, lua = (directory / n for n in ("certagent.toml", "haproxy.cfg", "certagent.lua"))
     for path in (toml, cfg):
@@ -83,6 +90,7 @@ def upgrade(directory: Path, *, tls: TlsPolicy = INTERMEDIATE, dry_run: bool = F
         http_bind=seen.http_binds[0].split()[1] if seen.http_binds else _http_bind(seen.binds),
         challenge_map=Path(settings.challenge_map) if settings.challenge_map else None,
         acme_alpn=settings.acme_directory != "" and settings.acme_challenge == "tls-alpn-01",
+        http3_max_age=settings.http3_max_age if settings.http3 else None,
     )
     merged = merge(old, render_haproxy_cfg(layout))
     new_lua = lua_source()
@@ -91,7 +99,7 @@ def upgrade(directory: Path, *, tls: TlsPolicy = INTERMEDIATE, dry_run: bool = F
     if merged.text == old and not result.lua_changed:
         result.notes.append(f"{directory}: haproxy.cfg and certagent.lua are up to date")
         return result
-    result.notes.append(_check(merged.text, new_lua, lua))
+    result.notes.append(_check(merged.text, new_lua, lua, haproxy))
     if dry_run:
         return result
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -120,15 +128,18 @@ def run_upgrade(args: argparse.Namespace, tls: TlsPolicy) -> int:
             ("--data-key", args.data_key),
             ("--acme-directory", args.acme_directory),
             ("--systemd", args.systemd),
+            ("--http3", getattr(args, "http3", False)),
         )
         if value
     ]
     if ignored:
         raise ConfigError(
             f"--upgrade keeps the setup of DIR as it is: {', '.join(ignored)} cannot change it"
-            " (edit certagent.toml, or run init into a new directory)"
+            " (edit certagent.toml, e.g. `http3 = true`, then --upgrade renders haproxy.cfg for"
+            " it; or run init into a new directory)"
         )
-    done = upgrade(args.directory, tls=tls, dry_run=args.dry_run)
+    binary = getattr(args, "haproxy", None)
+    done = upgrade(args.directory, tls=tls, dry_run=args.dry_run, haproxy=binary)
     if done.diff:
         print(done.diff, end="")
     merged = done.merged
@@ -160,11 +171,13 @@ def _http_bind(binds: tuple[str, ...]) -> str:
     return f"{host}:80"
 
 
-def _check(cfg_text: str, lua_text: str, lua_path: Path) -> str:
+def _check(cfg_text: str, lua_text: str, lua_path: Path, binary: str | None) -> str:
     """``haproxy -c`` on the upgraded files (the Lua in a scratch copy); ConfigError with
     HAProxy's words if it refuses them.  A note saying how it was checked."""
-    haproxy = shutil.which("haproxy")
+    haproxy = shutil.which(binary or "haproxy")
     if haproxy is None:
+        if binary:
+            raise ConfigError(f"--haproxy {binary}: no such program")
         return "not checked: no haproxy on PATH (check with `haproxy -c -f DIR/haproxy.cfg`)"
     with tempfile.TemporaryDirectory(prefix="certagent-upgrade-") as scratch:
         lua = Path(scratch) / lua_path.name

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 from dataclasses import dataclass
 
 from certagent.errors import HAProxyError
@@ -28,6 +29,11 @@ _VERSION = re.compile(r"^HA-?Proxy version (\S+)", re.M)
 _OPENSSL = re.compile(r"^\s*Running on (?:OpenSSL|SSL library) version : (.+?)\s*$", re.M)
 _LUA = re.compile(r"^\s*Built with Lua version : (.+?)\s*$", re.M)
 _NUMBERS = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+# "Feature list : +A -B" (haproxy -vv), or "Features" ("Features:" from 3.4 on) and the list
+# on the next line (show dev)
+_FEATURES = re.compile(r"^(?:Feature list :|Features:?[ \t]*\n)\s*([+-][^\n]*)$", re.M)
+#: The oldest HAProxy branch certagent serves HTTP/3 on (tested: 3.0, 3.2, 3.4).
+HTTP3_BRANCH = (3, 0)
 
 
 def _numbers(text: str | None) -> tuple[int, int, int] | None:
@@ -44,6 +50,8 @@ class HAProxyBuild:
     version: str  # as ``show info`` says it: "2.6.12-1+deb12u4", "3.2.26-1"
     openssl: str | None  # the TLS library it runs on: "OpenSSL 3.5.9 29 Sep 2026"
     lua: str | None  # "Lua 5.4.7"
+    # the build's features enabled ("+QUIC" in ``haproxy -vv``), None if the text had no list
+    features: frozenset[str] | None = None
 
     @property
     def branch(self) -> tuple[int, int]:
@@ -61,6 +69,16 @@ class HAProxyBuild:
         version = self.openssl_version
         return None if version is None else version[:2] >= PQ_OPENSSL
 
+    @property
+    def quic(self) -> bool | None:
+        """Whether HAProxy was built with QUIC (HTTP/3); None if unknown."""
+        return None if self.features is None else "QUIC" in self.features
+
+    @property
+    def limited_quic(self) -> bool:
+        """QUIC on OpenSSL's compatibility layer (Debian 13's 3.0): needs ``limited-quic``."""
+        return self.features is not None and "QUIC_OPENSSL_COMPAT" in self.features
+
     def describe(self) -> str:
         """One line: ``HAProxy 3.2.26-1, OpenSSL 3.6.5, Lua 5.4.9``."""
         openssl = _short(self.openssl) or "TLS library unknown"
@@ -72,6 +90,7 @@ class HAProxyBuild:
             "openssl": self.openssl,
             "lua": self.lua,
             "post_quantum": self.post_quantum,
+            "quic": self.quic,
             "differences": differences(self),
         }
 
@@ -94,7 +113,57 @@ def parse_build(text: str, version: str | None = None) -> HAProxyBuild:
             raise HAProxyError(f"no HAProxy version in {text[:80]!r}")
         version = found[1]
     openssl, lua = _OPENSSL.search(text), _LUA.search(text)
-    return HAProxyBuild(version, openssl[1] if openssl else None, lua[1] if lua else None)
+    listed = _FEATURES.search(text)
+    features = (
+        frozenset(word[1:] for word in listed[1].split() if word.startswith("+"))
+        if listed
+        else None
+    )
+    return HAProxyBuild(version, openssl[1] if openssl else None, lua[1] if lua else None, features)
+
+
+def http3_problem(build: HAProxyBuild, where: str = "") -> str | None:
+    """Why HTTP/3 (``certagent init --http3``) cannot be served by ``build``; None if it can.
+
+    ``where`` names the binary or socket, for the message.
+    """
+    at = f" ({where})" if where else ""
+    if build.branch < HTTP3_BRANCH:
+        return (
+            f"HAProxy {build.version}{at} cannot serve certagent's HTTP/3: it needs HAProxy"
+            f" {HTTP3_BRANCH[0]}.{HTTP3_BRANCH[1]} or later built with QUIC (Debian 13's 3.0,"
+            " Debian unstable's 3.2); run init without --http3, or name a newer binary with"
+            " --haproxy"
+        )
+    if build.quic is None:
+        return (
+            f"cannot tell whether HAProxy {build.version}{at} is built with QUIC (its feature"
+            " list is unknown); HTTP/3 needs a build with USE_QUIC"
+        )
+    if not build.quic:
+        return (
+            f"HAProxy {build.version}{at} is built without QUIC (no +QUIC in 'haproxy -vv'):"
+            " HTTP/3 needs a build with USE_QUIC, such as Debian's packages from 3.0 on"
+        )
+    return None
+
+
+def binary_build(path: str, timeout: float = 10.0) -> HAProxyBuild:
+    """The build of the HAProxy executable ``path`` (``path -vv``); HAProxyError if it fails.
+
+    For ``certagent init``, before any HAProxy runs; one short-lived process.
+    """
+    try:
+        out = subprocess.run(
+            [path, "-vv"],
+            capture_output=True,
+            timeout=timeout,
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise HAProxyError(f"cannot run {path} -vv: {exc}") from exc
+    return parse_build(out.stdout.decode("utf-8", "replace"))
 
 
 def executable_from_libs(text: str) -> str | None:
@@ -128,6 +197,10 @@ def differences(build: HAProxyBuild) -> list[str]:
         ]
     if build.branch >= (3, 2):
         notes.append("tune.lua.bool-sample-conversion normal (set before lua-load)")
+    if build.limited_quic:
+        notes.append("HTTP/3: QUIC on OpenSSL's compatibility layer (limited-quic; no 0-RTT)")
+    elif build.quic and build.branch >= HTTP3_BRANCH:
+        notes.append("HTTP/3: QUIC on the TLS library's own QUIC support")
     if build.post_quantum:
         notes.append("X25519MLKEM768 offered first (OpenSSL 3.5+)")
     elif build.post_quantum is False:

@@ -7,8 +7,9 @@ what certagent owns and keeps the rest where it was:
   operator's address and are kept), ``backend be_certagent_tls``, ``frontend fe_http``;
 * in ``global``, the directives certagent writes (:data:`GLOBAL_OWNED`: the runtime
   socket, the Lua action, buffer size, TLS defaults...); any other line of it is kept;
-* in ``frontend fe_tls``, its ``mode``, ``bind`` and ``log-format`` lines
-  (:data:`FE_TLS_OWNED`); the operator's routing rules and backends are kept;
+* in ``frontend fe_tls``, its ``mode``, ``bind`` (QUIC's too) and ``log-format`` lines and
+  HTTP/3's usage tracking and Alt-Svc header (:data:`FE_TLS_OWNED`); the operator's routing
+  rules and backends are kept;
 * every other section (``defaults``, ``backend be_app``, the operator's own) as it is.
 
 :func:`merge` returns the new text and what it did, section by section.
@@ -52,6 +53,7 @@ GLOBAL_OWNED = (
     "tune.bufsize ",
     "tune.listener.multi-queue ",
     "tune.quic.",
+    "limited-quic",
     "ssl-default-bind-",
     "ssl-default-server-",
     ".if ",
@@ -60,7 +62,14 @@ GLOBAL_OWNED = (
     ".endif",
 )
 #: ``fe_tls`` lines certagent writes.
-FE_TLS_OWNED = ("mode ", "bind ", "log-format ", "http-response set-header alt-svc ")
+FE_TLS_OWNED = (
+    "mode ",
+    "bind ",
+    "log-format ",
+    # HTTP/3 (init --http3): QUIC connections counted in fe_sni's table, the Alt-Svc header
+    "tcp-request session track-sc0 ssl_fc_sni,lower table fe_sni ",
+    "http-after-response set-header alt-svc ",
+)
 _KEPT_NOTE = "    # kept from the earlier haproxy.cfg by `certagent init --upgrade`"
 
 

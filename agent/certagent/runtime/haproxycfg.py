@@ -46,6 +46,10 @@ class HAProxyLayout:
     http_bind: str | None = None
     challenge_map: Path | None = None
     acme_alpn: bool = False
+    # HTTP/3 (certagent init --http3): QUIC binds on ``bind`` beside the TCP one, announced
+    # to TCP clients with this Alt-Svc max-age (s); None = no HTTP/3
+    http3_max_age: int | None = None
+
 
 @dataclass(frozen=True)
 class HAProxyNames:
@@ -133,7 +137,56 @@ def render_haproxy_cfg(layout: HAProxyLayout) -> str:
         tls_settings=tls_lines(layout.tls),
         acme_alpn_rule=acme_alpn_rule,
         http_frontend=_http_frontend(layout),
+        quic_global=_quic_global(layout),
+        quic_frontend=_quic_frontend(layout),
     )
+
+
+def quic_bind_address(bind: str) -> str:
+    """``bind``'s address as a QUIC listener: ``quic4@ADDR:PORT`` or ``quic6@[ADDR]:PORT``."""
+    host, _, port = bind.rpartition(":")
+    family = "quic6" if ":" in host else "quic4"
+    return f"{family}@{host}:{port}"
+
+
+def _quic_global(layout: HAProxyLayout) -> str:
+    """``limited-quic`` where HAProxy's QUIC runs on OpenSSL's compatibility layer (3.0)."""
+    if layout.http3_max_age is None:
+        return ""
+    lines = [
+        "    # HTTP/3: a build whose QUIC runs on OpenSSL's compatibility layer (Debian 13's 3.0)",
+        "    # serves QUIC only with limited-quic (no 0-RTT); builds on a TLS library with its",
+        "    # own QUIC support (3.2 on OpenSSL 3.5+) do not need it",
+        ".if feature(QUIC_OPENSSL_COMPAT)",
+        "    limited-quic",
+        ".endif",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _quic_frontend(layout: HAProxyLayout) -> str:
+    """fe_tls's QUIC binds, their usage tracking and the Alt-Svc announcement."""
+    if layout.http3_max_age is None:
+        return ""
+    port = layout.bind.rpartition(":")[2]
+    keys = f" tls-ticket-keys {layout.tls_keys}" if layout.tls_keys else ""
+    loaded = "{ ssl_fc_sni,lower,table_gpt0(fe_sni) -m int gt 0 }"
+    lines = [
+        "    # HTTP/3 (certagent init --http3): QUIC on the public address, with the same",
+        "    # crt-list, default certificate and ticket keys as the TCP side, and no hop: a host",
+        "    # certagent has loaded is served at once; any other gets the default certificate,",
+        "    # the client fails that handshake and comes back over TCP, which loads the host",
+        f"    bind {quic_bind_address(layout.bind)} ssl crt {layout.default_cert}"
+        f" crt-list {layout.crt_list}{keys} alpn h3",
+        "    # QUIC connections never cross fe_sni: count each in its table as a use of its host,",
+        "    # so that a host served only over HTTP/3 is not recycled as idle",
+        "    tcp-request session track-sc0 ssl_fc_sni,lower table fe_sni"
+        f" if {{ ssl_fc_alpn -m str h3 }} {loaded}",
+        "    # tell clients that HTTP/3 is here; max-age: docs/haproxy.md#http3",
+        f'    http-after-response set-header alt-svc "h3=\\":{port}\\"; ma={layout.http3_max_age}"'
+        " unless { res.hdr(alt-svc) -m found }",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _http_frontend(layout: HAProxyLayout) -> str:

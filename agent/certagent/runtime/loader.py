@@ -58,21 +58,17 @@ from certagent.runtime.loadqueue import (
     retrieve,
 )
 from certagent.runtime.pool import Slot, SlotPool, SlotState
+from certagent.runtime.recycles import RecycleLog
 from certagent.runtime.usage import VictimChooser, parse_usage, read_usage, usage_commands
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-# Reconnect backoff after a failed connection to the runtime socket (seconds).
-RECONNECT_MIN = 0.05
-RECONNECT_MAX = 1.0
-# Default for how many queued loads go to HAProxy in one pipelined batch.
-BATCH = 4
-# Re-warm loads per batch when no client's load is queued (fewer round trips after a reload).
-REWARM_BATCH = 32
-# A request for a host marked less than this long ago crossed its mark in flight (s).
-RACE = 2.0
+RECONNECT_MIN, RECONNECT_MAX = 0.05, 1.0  # reconnect backoff after a failed connection (s)
+BATCH = 4  # default for how many queued loads go to HAProxy in one pipelined batch
+REWARM_BATCH = 32  # re-warm loads per batch when no client's load is queued (after a reload)
+RACE = 2.0  # a request for a host marked less than this long ago crossed its mark (s)
 
 
 class Loader:
@@ -82,7 +78,8 @@ class Loader:
     asks for (:mod:`certagent.runtime.recover`; "" = SIGUSR2 to the worker's
     parent); ``on_reload`` is then called with the hosts to re-warm in the new
     worker.  ``on_session`` runs on every new HAProxy session, after adoption
-    and under the writer's lock (ticket keys); its errors are logged.
+    and under the writer's lock (ticket keys); its errors are logged.  ``recycles``
+    counts hosts that come back after losing their slot (HTTP/3).
     """
 
     def __init__(
@@ -97,6 +94,7 @@ class Loader:
         max_waiting: int = 10_000,
         batch: int = BATCH,
         chooser: VictimChooser | None = None,
+        recycles: RecycleLog | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -108,6 +106,7 @@ class Loader:
         self.max_waiting = max_waiting
         self.batch = batch
         self.chooser = chooser or VictimChooser()
+        self.recycles = recycles or RecycleLog(0.0)
         self.counters = LoadCounters()
         self._clock = clock
         self._lock = asyncio.Lock()
@@ -521,6 +520,7 @@ class Loader:
             if not any(ld.cert in request.certs for ld in loads):
                 self.counters.mark_only += 1  # e.g. a wildcard already loaded for a sibling
             pool.mark_host(request.host, ready, self._clock())
+            self.recycles.loaded(request.host, self._clock())
             request.future.set_result(ready)
         if failed:
             await self._unmark_quietly(failed)
@@ -529,9 +529,10 @@ class Loader:
         """Judge the loads' replies and record in the pool what HAProxy now holds."""
         if not loads:
             return
-        for ld in loads:
-            if ld.victim is not None:
-                self.pool.drop_hosts(ld.victim)
+        now = self._clock()
+        for victim in (ld.victim for ld in loads if ld.victim is not None):
+            self.recycles.recycled(victim.hosts, now - max(victim.loaded_at, victim.seen_at), now)
+            self.pool.drop_hosts(victim)
         verdict = judge(self.names, loads, replies)
         for name in verdict.created:
             self.pool.add_spare(name)
@@ -540,7 +541,6 @@ class Loader:
             # name from an earlier agent).  Serve the placeholder there, not its leftovers.
             await self._commit(name, self._placeholder)
             self.pool.add_free(name)
-        now = self._clock()
         for ld in loads:
             if ld.error is not None:
                 continue

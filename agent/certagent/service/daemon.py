@@ -19,11 +19,13 @@ from certagent.api import ApiServer, LoadedSlot, loaded_slots, start_api
 from certagent.api.metrics_listener import start_metrics
 from certagent.config import Settings
 from certagent.errors import AgentError, ConfigError, HAProxyError
-from certagent.runtime.build import HAProxyBuild, probe_build
-from certagent.runtime.client import Identity, RuntimeClient, probe_identity
+from certagent.runtime import protocol
+from certagent.runtime.build import HAProxyBuild, http3_problem, probe_build
+from certagent.runtime.client import Identity, RuntimeClient, probe_identity, query
 from certagent.runtime.haproxycfg import HAProxyNames
 from certagent.runtime.loader import Loader
 from certagent.runtime.pool import SlotPool
+from certagent.runtime.recycles import RecycleLog
 from certagent.runtime.usage import VictimChooser
 from certagent.service import ondemand
 from certagent.service.control import ControlServer
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 DRAIN_SECONDS = 5.0
 # How long ``status`` waits for HAProxy and the store to answer (s).
 HEALTH_TIMEOUT = 1.0
+# The frontend whose QUIC binds serve HTTP/3 (certagent init --http3).
+HTTP3_FRONTEND = "fe_tls"
 
 
 class Agent:
@@ -86,6 +90,8 @@ class Agent:
             max_waiting=settings.max_waiting_loads,
             batch=settings.load_batch,
             chooser=VictimChooser(samples=settings.victim_samples),
+            # HTTP/3 clients keep trying QUIC for http3_max_age after their last response
+            recycles=RecycleLog(settings.http3_max_age if settings.http3 else 0.0),
         )
         # OCSP responses for what is loaded, told about each load
         self.ocsp = OcspFetcher(store, self.pool) if settings.ocsp_fetch else None
@@ -160,6 +166,7 @@ class Agent:
         # this node's release on the fleet's board, and the store's format it writes
         self.presence = Presence(store.fleet(), ondemand.node_name(settings), self._haproxy_version)
         self._build: tuple[Identity, HAProxyBuild] | None = None  # per worker, see status
+        self.fatal: AgentError | None = None  # why the agent stopped itself, if it did
         # the Lua action's and the CLI's socket
         self.control = ControlServer(
             settings.agent_socket,
@@ -237,6 +244,7 @@ class Agent:
             "data_keys": None if self.datakeys is None else self.datakeys.status(),
             "fleet": self.presence.status(),
             "load_seconds": self.ensurer.load_seconds.snapshot(),
+            "http3": await self._http3_status() if self.settings.http3 else None,
         }
         if slots:
             hits = await self._hits("status")
@@ -283,6 +291,47 @@ class Agent:
             log.info("HAProxy build: %s", build.describe())
             self._build = (identity, build)
         return self._build[1].as_dict()
+
+    async def _http3_status(self) -> dict[str, Any]:
+        """fe_tls's QUIC counters (one ``show stat`` line, O(1)) and the recycled hosts' returns.
+
+        ``quic`` is None while HAProxy does not answer.
+        """
+        out: dict[str, Any] = {"max_age": self.settings.http3_max_age}
+        out.update(self.loader.recycles.status())
+        try:
+            reply = await query(
+                self.settings.haproxy_socket,
+                protocol.show_frontend_stats(HTTP3_FRONTEND),
+                timeout=HEALTH_TIMEOUT,
+            )
+            counters = protocol.parse_quic_counters(reply)
+        except HAProxyError as exc:
+            log.debug("cannot read %s's QUIC counters: %s", HTTP3_FRONTEND, exc)
+            counters = None
+        out["quic"] = None if counters is None else dataclasses.asdict(counters)
+        return out
+
+    async def check_http3(self, stop: asyncio.Event) -> None:
+        """``http3 = true``: stop the agent (:attr:`fatal`) if HAProxy has no QUIC."""
+        identity = self.loader.identity
+        if identity is None:
+            return
+        try:
+            build = await probe_build(self.settings.haproxy_socket, identity.version)
+        except HAProxyError as exc:
+            log.warning("cannot tell whether HAProxy serves QUIC (http3 = true): %s", exc)
+            return
+        self._build = (identity, build)
+        problem = http3_problem(build, self.settings.haproxy_socket)
+        if problem is not None:
+            self.fatal = ConfigError(
+                f"http3 = true in the configuration, but {problem}; re-run certagent init"
+                " without --http3, or run an HAProxy built with QUIC"
+            )
+            stop.set()
+        else:
+            log.info("HTTP/3: %s serves QUIC", build.describe())
 
     async def _haproxy_up(self) -> bool:
         """Whether HAProxy's runtime socket answers now (a fresh ``show info``)."""
@@ -335,6 +384,8 @@ class Agent:
                 log.warning("HAProxy not reachable yet (%s); retrying in %.1fs", exc, delay)
             else:
                 log.info("serving HAProxy pid %d", identity.pid)
+                if self.settings.http3:
+                    await self.check_http3(stop)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
@@ -468,6 +519,8 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+    if agent.fatal is not None:
+        raise agent.fatal
 
 
 def _on_hup(settings: Settings, config_path: Path | None, api: ApiServer | None) -> None:

@@ -165,6 +165,9 @@ class _Snapshot(Collector):
         data_keys = st.get("data_keys")
         if data_keys is not None:
             yield from _undecryptable(data_keys["undecryptable"])
+        http3 = st.get("http3")
+        if http3 is not None:
+            yield from _http3(http3)
         tickets = st.get("tickets")
         if tickets is not None and tickets.get("rotated_at") is not None:
             yield _gauge(
@@ -278,6 +281,37 @@ def _renewal(st: Mapping[str, Any]) -> Iterator[Metric]:
             )
         ],
         sum_value=hist["sum"],
+    )
+
+
+def _http3(st: Mapping[str, Any]) -> Iterator[Metric]:
+    """HTTP/3: fe_tls's QUIC counters (from HAProxy) and hosts back after a recycle."""
+    yield _counter(
+        "certagent_http3_recycled_returns",
+        "Hosts loaded again over TCP within the Alt-Svc max-age of losing their slot: their"
+        " HTTP/3 clients met the default certificate first and fell back",
+        st["returns"],
+    )
+    quic = st.get("quic")
+    if quic is None:
+        return
+    yield _counter(
+        "certagent_http3_refused_handshakes",
+        "QUIC handshakes on fe_tls that clients closed with a TLS alert (a certificate they"
+        " refused: a host not loaded, recycled or deleted); a client may repeat its close in"
+        " several packets, each counted (HAProxy's quic_transp_err_crypto_error)",
+        quic["refused"],
+    )
+    yield _counter(
+        "certagent_http3_failed_handshakes",
+        "QUIC handshakes HAProxy failed itself (quic_hdshk_fail)",
+        quic["failed"],
+    )
+    yield _counter(
+        "certagent_http3_connections", "HTTP/3 connections on fe_tls (h3sess)", quic["connections"]
+    )
+    yield _counter(
+        "certagent_http3_requests", "HTTP/3 requests on fe_tls (h3req)", quic["requests"]
     )
 
 

@@ -63,7 +63,7 @@ PORT_ATTEMPTS = 3
 
 
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now (never 80/443/6379).
+    """A loopback port nobody listens on right now, for TCP and UDP (never 80/443/6379).
 
     Chosen at random below the kernel's ephemeral range (``ip_local_port_range``), where
     outgoing connections take their ports: a port the kernel hands out for ``bind(0)`` can
@@ -76,14 +76,22 @@ def free_port() -> int:
         port = _random.randrange(low, high)
         if port in _FORBIDDEN_PORTS or port in _handed_out:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if not _bindable(port):
+            continue
         _handed_out.add(port)
         return port
     raise StackError(f"no free loopback port in {low}-{high - 1}")
+
+
+def _bindable(port: int) -> bool:
+    """Whether ``port`` is free on loopback for TCP and UDP (HTTP/3 listens on both)."""
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
 
 
 def _port_range() -> tuple[int, int]:

@@ -84,3 +84,41 @@ def test_reject_a_backend_a_user_and_ticket_keys() -> None:
 def test_the_lua_action_is_packaged() -> None:
     source = lua_source()
     assert "certagent_ensure" in source and 'collectgarbage("setpause", 100)' in source
+
+
+def test_http3_adds_quic_binds_usage_tracking_and_alt_svc() -> None:
+    assert "quic4@" not in render_haproxy_cfg(LAYOUT) and "limited-quic" not in render_haproxy_cfg(
+        LAYOUT
+    )
+    cfg = render_haproxy_cfg(
+        replace(
+            LAYOUT,
+            bind="192.0.2.7:443",
+            tls_keys=Path("/etc/certagent/tls.keys"),
+            http3_max_age=900,
+        )
+    )
+    assert "$" not in cfg.replace("$cfg", "")
+    assert (
+        "    bind quic4@192.0.2.7:443 ssl crt /etc/certagent/default.pem"
+        " crt-list /etc/certagent/certagent.crtlist tls-ticket-keys /etc/certagent/tls.keys"
+        " alpn h3\n" in cfg
+    )
+    # the QUIC bind sits in fe_tls, with the TCP side's certificates
+    assert cfg.index("frontend fe_tls") < cfg.index("quic4@") < cfg.index("backend be_app")
+    # QUIC connections count as uses of loaded hosts in fe_sni's table
+    assert (
+        "tcp-request session track-sc0 ssl_fc_sni,lower table fe_sni if { ssl_fc_alpn -m str h3 }"
+        " { ssl_fc_sni,lower,table_gpt0(fe_sni) -m int gt 0 }" in cfg
+    )
+    assert (
+        'http-after-response set-header alt-svc "h3=\\":443\\"; ma=900"'
+        " unless { res.hdr(alt-svc) -m found }" in cfg
+    )
+    assert ".if feature(QUIC_OPENSSL_COMPAT)\n    limited-quic\n.endif\n\ndefaults" in cfg
+
+
+def test_an_ipv6_bind_gets_a_quic6_listener() -> None:
+    cfg = render_haproxy_cfg(replace(LAYOUT, bind="[::]:8443", http3_max_age=3600))
+    assert "    bind quic6@[::]:8443 ssl crt " in cfg
+    assert 'alt-svc "h3=\\":8443\\"; ma=3600"' in cfg

@@ -18,6 +18,7 @@ from certagent.runtime.loader import Loader
 from certagent.runtime.loadqueue import Priority
 from certagent.runtime.pool import SlotPool, SlotState
 from certagent.runtime.protocol import Command, Identity
+from certagent.runtime.recycles import RecycleLog
 from certagent.store.base import StoredCertificate
 from certagent.testing.certs import issue as issue_cert_pair
 from certagent.testing.certs import make_ca
@@ -338,3 +339,26 @@ def test_rewarm_loads_alone_go_out_in_bigger_batches_and_clients_still_first() -
         assert marks[0] == ["c.example.test", "r0.example.test"]
 
     asyncio.run(main())
+
+
+def test_a_recycled_host_loaded_again_within_the_window_counts_as_a_return() -> None:
+    """HTTP/3: the loader tells its RecycleLog which hosts lost their slot, and when."""
+    runtime = ScriptedRuntime()
+    pool = SlotPool(1, "/certagent/slot-")
+    now = [100.0]
+    log = RecycleLog(window=60.0)
+    loader = Loader(runtime, pool, NAMES, recycles=log, clock=lambda: now[0])  # type: ignore[arg-type]
+    for host, at in (("a.example.test", 100.0), ("b.example.test", 130.0)):
+        now[0] = at
+        asyncio.run(loader.install(host, [stored(host)], 1.0))
+    # a was loaded at 100 and never used again: idle 30 s when b took its slot
+    assert log.status()["recycled_idle_s"] == {
+        "recycles": 1, "min": 30.0, "p10": 30.0, "median": 30.0
+    }  # fmt: skip
+    now[0] = 150.0  # a comes back 20 s after losing its slot: a return
+    asyncio.run(loader.install("a.example.test", [stored("a.example.test")], 1.0))
+    assert log.returns == 1
+    now[0] = 300.0  # b comes back 150 s after: outside the window
+    asyncio.run(loader.install("b.example.test", [stored("b.example.test")], 1.0))
+    assert log.returns == 1
+    assert loader.counters.recycles == 3

@@ -78,3 +78,23 @@ def test_optional_sections_are_left_out_when_unknown() -> None:
     text = render(snapshot(expiry={"window_days": 21, "expiring": 0, "expired": 0,
                                    "soonest": None})).decode()  # fmt: skip
     assert "soonest" not in text and "certagent_certificates_expiring 0.0" in text
+
+
+def test_http3_counters_from_haproxy_and_the_recycled_hosts_back() -> None:
+    http3 = {
+        "max_age": 3600,
+        "returns": 3,
+        "window_s": 3600,
+        "recycled_idle_s": {"recycles": 2, "min": 1.0, "p10": 1.0, "median": 2.0},
+        "quic": {"refused": 4, "failed": 1, "connections": 7, "requests": 9},
+    }
+    got = samples(render(snapshot(http3=http3)))
+    assert got[("certagent_http3_recycled_returns_total", ())] == 3
+    assert got[("certagent_http3_refused_handshakes_total", ())] == 4
+    assert got[("certagent_http3_failed_handshakes_total", ())] == 1
+    assert got[("certagent_http3_connections_total", ())] == 7
+    assert got[("certagent_http3_requests_total", ())] == 9
+    unreadable = samples(render(snapshot(http3={**http3, "quic": None})))
+    assert ("certagent_http3_refused_handshakes_total", ()) not in unreadable
+    assert unreadable[("certagent_http3_recycled_returns_total", ())] == 3
+    assert not any(name.startswith("certagent_http3") for name, _ in samples(render(snapshot())))

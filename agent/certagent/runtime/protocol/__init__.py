@@ -33,10 +33,12 @@ The public API, by section:
 * ticket keys: :func:`show_tls_keys` -> :func:`parse_show_tls_keys`; :func:`set_tls_key`
   -> :func:`check_set_tls_key`;
 * maps (``fe_http``'s HTTP-01 answers): :func:`add_map` -> :func:`check_empty`;
-  :func:`del_map` -> :func:`check_del_map`; :func:`parse_show_map`.
+  :func:`del_map` -> :func:`check_del_map`; :func:`parse_show_map`;
+* statistics (fe_tls's QUIC listeners): :func:`show_frontend_stats` ->
+  :func:`parse_quic_counters` (:class:`QuicCounters`).
 
 One module per section (``_framing``, ``_session``, ``_certs``, ``_crtlist``,
-``_table``, ``_tickets``, ``_maps``); import from this package, not from them.
+``_table``, ``_tickets``, ``_maps``, ``_stats``); import from this package, not from them.
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ from certagent.runtime.protocol._session import (
     show_build,
     show_info,
 )
+from certagent.runtime.protocol._stats import (
+    QuicCounters,
+    parse_quic_counters,
+    show_frontend_stats,
+)
 from certagent.runtime.protocol._table import (
     IN_USE,
     TableEntry,
@@ -127,6 +134,7 @@ __all__ = [
     "CertList",
     "Command",
     "Identity",
+    "QuicCounters",
     "ReplySplitter",
     "TableEntry",
     "Transaction",
@@ -155,6 +163,7 @@ __all__ = [
     "new_cert",
     "parse_cert_details",
     "parse_identity",
+    "parse_quic_counters",
     "parse_show_crtlist",
     "parse_show_crtlists",
     "parse_show_info",
@@ -174,6 +183,7 @@ __all__ = [
     "show_crtlist",
     "show_crtlists",
     "show_entry",
+    "show_frontend_stats",
     "show_info",
     "show_marked",
     "show_tls_keys",
