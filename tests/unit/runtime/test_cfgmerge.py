@@ -130,3 +130,16 @@ def test_the_operators_default_backend_wins(tmp_path: Path) -> None:
     defaults = [line.strip() for line in fe_tls.lines if "default_backend" in line]
     assert defaults == ["default_backend be_mine"]
     shutil.rmtree(directory)
+
+
+def test_http3_turned_on_in_the_settings_is_rendered_by_an_upgrade(tmp_path: Path) -> None:
+    directory = setup_of_003bece(tmp_path)
+    toml = directory / "certagent.toml"
+    toml.write_text(toml.read_text() + "http3 = true\nhttp3_max_age = 600\n")
+    upgrade(directory)
+    text = (directory / "haproxy.cfg").read_text()
+    assert "    bind quic4@0.0.0.0:443 ssl crt " in text and "alpn h3" in text
+    assert "    limited-quic\n" in text and 'ma=600"' in text
+    assert "    bind [::]:443 v6only\n" in text  # the operator's second address kept
+    again = upgrade(directory)
+    assert again.written == [] and again.diff == ""
