@@ -22,6 +22,7 @@ Either way a page holds at most SCAN_BUDGET ids in memory.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import redis.asyncio
@@ -98,3 +99,19 @@ async def _expiring(
             return IdPage(found)
         after = raw[-1]
     return IdPage(found, read_to=after)
+
+
+async def every_id(
+    client: redis.asyncio.Redis, keys: Keys, batch: int
+) -> AsyncIterator[list[str]]:
+    """Every stored id, in id order, ``batch`` at a time (invalid ones left out): the walk of
+    the store's whole-store jobs (``keys rotate``, ``fleet finalize``'s migration).  O(N)
+    ids in O(N / batch) round trips, O(batch) in memory."""
+    low = "-"
+    while True:
+        raw = await client.zrangebylex(keys.ids(), low, "+", start=0, num=batch)
+        if not raw:
+            return
+        ids = [to_text(i) for i in raw]
+        low = f"({ids[-1]}"
+        yield [i for i in ids if valid_id(i)]

@@ -26,7 +26,8 @@ from certagent.certs.keycrypt import KeyRing
 from certagent.certs.pem import parse_bundle
 from certagent.errors import CertificateError, KeyDecryptError
 from certagent.store.formats import Migration
-from certagent.store.redis._layout import F_CHAIN, F_KEY, F_OCSP, Keys, to_text, valid_id
+from certagent.store.redis._layout import F_CHAIN, F_KEY, F_OCSP, Keys
+from certagent.store.redis._listing import every_id
 from certagent.store.redis._packed import chain_digest, pack_record
 from certagent.store.redis._records import decode_record, parse_names
 from certagent.store.redis._rows import SWAP, Row, decode, fetch
@@ -69,14 +70,7 @@ async def migrate(
     redis-py errors escape (the store translates them).
     """
     report = Migration()
-    low = "-"
-    while True:
-        raw = await client.zrangebylex(keys.ids(), low, "+", start=0, num=BATCH)
-        if not raw:
-            break
-        ids = [to_text(i) for i in raw]
-        low = f"({ids[-1]}"
-        ids = [i for i in ids if valid_id(i)]
+    async for ids in every_id(client, keys, BATCH):
         report.scanned += len(ids)
         await _batch(client, keys, shown, ring, ids, report)
         if progress is not None:

@@ -18,7 +18,8 @@ import redis.asyncio
 from certagent.certs import keycrypt
 from certagent.certs.keycrypt import KeyRing
 from certagent.errors import KeyDecryptError
-from certagent.store.redis._layout import F_CHAIN, F_KEY, Keys, to_text, valid_id
+from certagent.store.redis._layout import F_CHAIN, F_KEY, Keys
+from certagent.store.redis._listing import every_id
 from certagent.store.redis._migrate import repack
 from certagent.store.redis._packed import chain_digest, key_aad
 from certagent.store.redis._rows import SWAP, Row, decode, fetch
@@ -51,14 +52,7 @@ async def reencrypt_all(
     is logged and left as is.  redis-py errors escape (the store translates them).
     """
     changed = rewritten = 0
-    low = "-"
-    while True:
-        raw = await client.zrangebylex(keys.ids(), low, "+", start=0, num=_BATCH)
-        if not raw:
-            break
-        ids = [to_text(i) for i in raw]
-        low = f"({ids[-1]}"
-        ids = [i for i in ids if valid_id(i)]
+    async for ids in every_id(client, keys, _BATCH):
         replies = await fetch(client, keys, ids, [F_CHAIN])
         for cert_id, reply in zip(ids, replies, strict=True):
             try:
