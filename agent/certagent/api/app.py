@@ -223,17 +223,24 @@ def _scope_of(request: web.Request) -> Scope | None:
 
 
 def _entry(request: web.Request) -> AuditEntry:
-    """The request's audit entry: made once (by ``_expect`` or ``_audit``), then shared."""
+    """The request's audit entry: made once (by ``_expect`` or ``_audit``), then shared.
+
+    Making it also forgets any principal the context holds: aiohttp runs each request
+    in a task of its own (a fresh context), but whatever it does, a principal is only
+    ever used for the request it was admitted for.
+    """
     entry = ENTRY.get()
-    if entry is None:
+    if entry is None or entry.owner is not request:
         resource = request.match_info.route.resource
         entry = AuditEntry(
             method=request.method,
             route=resource.canonical if resource is not None else request.path[:200],
             remote=request.remote,
             client=peer_subject(request.transport),
+            owner=request,
         )
         ENTRY.set(entry)
+        PRINCIPAL.set(None)
     return entry
 
 
@@ -274,8 +281,10 @@ async def _problems(request: web.Request, handler: Handler) -> web.StreamRespons
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     scope = _scope_of(request)
-    if scope is not None and PRINCIPAL.get() is None:  # _expect may have admitted it
-        PRINCIPAL.set(_admit(request, scope))
+    if scope is not None:
+        _entry(request)  # this request's (``_audit`` made it; ``_expect`` may have admitted it)
+        if PRINCIPAL.get() is None:
+            PRINCIPAL.set(_admit(request, scope))
     return await handler(request)
 
 

@@ -61,6 +61,8 @@ class AuditEntry:
     names: tuple[str, ...] = ()
     code: str | None = None
     written: bool = field(default=False, repr=False)
+    #: the request this entry is about (whose task's context holds it)
+    owner: object = field(default=None, repr=False, compare=False)
 
 
 #: The audit entry of the request being handled (each request runs in its own task).

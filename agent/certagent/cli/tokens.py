@@ -167,7 +167,10 @@ def run_token_command(args: argparse.Namespace) -> int:
         return 0
     if args.from_file is None:
         if args.replace:
-            raise ConfigError("--replace goes with --from-file (a new random token never clashes)")
+            raise ConfigError(
+                "--replace goes with --from-file or --client-subject (a new random token never"
+                " clashes: remove the old one with `token rm` first)"
+            )
         print(add_token(args.file, args.name, grant))
         print(
             f"token {args.name!r} added to {args.file} ({_what(grant)}); it is shown only once",

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from certagent.api import LoadedSlot
@@ -256,3 +257,28 @@ async def test_a_token_without_scopes_in_an_old_file_still_does_everything(
         ("DELETE", f"{CERTS}/{record['id']}", 204),
     ):
         assert (await api.client.request(method, path, headers=api.auth)).status == status
+
+
+async def test_each_request_of_a_kept_alive_connection_is_admitted_on_its_own(
+    api: Api, clock: Clock
+) -> None:
+    """An admin request, then requests without a token or with a read token, on one
+    connection: nothing of the first carries over."""
+    reader = token(api, "reader", clock, scopes=["read"])
+    made: list[object] = []
+    trace = aiohttp.TraceConfig()
+
+    async def connected(*args: object) -> None:
+        made.append(args)
+
+    trace.on_connection_create_end.append(connected)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1), trace_configs=[trace]
+    ) as session:
+        url = str(api.client.make_url(CERTS))
+        for headers, status in ((api.auth, 200), ({}, 401), (reader, 200), (api.auth, 200)):
+            async with session.get(url, headers=headers) as resp:
+                assert resp.status == status
+        async with session.post(url, headers=reader, json={"chain": "x"}) as resp:
+            assert (resp.status, (await resp.json())["code"]) == (403, "forbidden")
+    assert len(made) == 1  # one connection, kept alive
