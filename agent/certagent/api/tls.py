@@ -98,7 +98,10 @@ def client_context(
 ) -> ssl.SSLContext:
     """What ``certagent cert --api https://...`` connects with: ``ca`` trusted (else the
     system's roots), ``cert``/``key`` presented for mutual TLS.  ConfigError if one fails."""
-    ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"cannot use --api-ca {ca}: {_why(exc)} (PEM CA certificates)") from exc
     if cert is not None:
         try:
             ctx.load_cert_chain(str(cert), str(key) if key is not None else None)
