@@ -11,8 +11,9 @@ X25519, P-256 and P-384 (a client that starts with X25519 is asked for P-256:
 one more round trip).
 
 :class:`ServerTls` hands out the context for each new connection: it ``stat``s
-the certificate, key (and CA) files first (three calls, ≈2 µs each, O(1) per
-connection, nothing on a timer) and builds a new context when one changed, so a
+the certificate, key (and CA) files first (three calls: 9-12 µs measured on a busy
+2-CPU machine, against ≈0.35 ms of the server's CPU for the handshake itself; O(1)
+per connection, nothing on a timer) and builds a new context when one changed, so a
 renewed certificate is served from the next connection on, without a restart.
 A pair that does not load (the certificate written before its key, say) keeps
 the previous context, with one warning per change, and is tried again at most
