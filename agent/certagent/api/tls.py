@@ -187,7 +187,11 @@ def peer_subject(transport: asyncio.BaseTransport | None) -> str | None:
     der = ssl_object.getpeercert(binary_form=True)
     if not der:
         return None
-    return str(x509.load_der_x509_certificate(der).subject.rfc4514_string())
+    try:
+        return str(x509.load_der_x509_certificate(der).subject.rfc4514_string())
+    except ValueError as exc:  # OpenSSL took it, cryptography cannot read it: no subject
+        log.debug("REST API: a client certificate's subject cannot be read: %s", exc)
+        return None
 
 
 #: OpenSSL's reason for a failed handshake -> the audit's ``code`` (and the metric's label)
