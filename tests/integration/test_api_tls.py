@@ -143,6 +143,11 @@ def mozilla_intermediate(port: int, cafile: Path) -> None:
     assert result.scan_status == sslyze.ServerScanStatusEnum.COMPLETED, result
     profile = mozilla.MozillaTlsConfiguration.get(mozilla.TlsConfigurationEnum.MOZILLA_INTERMEDIATE)
     mozilla.check_server_against_tls_configuration(result, profile)  # raises with the issues
+    # the data plane's groups (tests/integration/test_tls_scanners.py asks HAProxy the same)
+    assert result.scan_result is not None
+    curves = result.scan_result.elliptic_curves.result
+    assert curves is not None and curves.supported_curves is not None
+    assert {c.name for c in curves.supported_curves} == {"X25519", "secp256r1", "secp384r1"}
 
 
 # sslyze's bundled trust stores hold an old root with a negative serial number

@@ -206,7 +206,10 @@ async def start_api(
         "REST API listening on %s (%d tokens%s)",
         url,
         len(tokens.names),
-        "" if tls is None else ", TLS" + (", client certificates required" if tls.mutual else ""),
+        ""
+        if tls is None
+        else f", TLS, groups {tls.groups}"
+        + (", client certificates required" if tls.mutual else ""),
     )
     return ApiServer(runner, url, tokens, auditor, listener)
 

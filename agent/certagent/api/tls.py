@@ -4,11 +4,13 @@
 client certificate signed by that CA (mutual TLS), checked during the handshake.
 The settings are the data plane's (:mod:`certagent.runtime.tlspolicy`, Mozilla's
 "intermediate"): TLS 1.2 and 1.3, in TLS 1.2 only its ECDHE + AEAD suites, TLS
-1.3's three suites (OpenSSL's default), the client's order; no renegotiation,
-no compression.  One difference: Python's ``ssl`` module sets one key exchange
-group (``set_ecdh_curve``), so the API offers P-256 alone where HAProxy offers
-X25519, P-256 and P-384 (a client that starts with X25519 is asked for P-256:
-one more round trip).
+1.3's three suites (OpenSSL's default), the client's order, the key exchange
+groups X25519, P-256 and P-384 (X25519MLKEM768 first where Python's OpenSSL is
+3.5 or later, as HAProxy's ``.if openssl_version_atleast(3.5.0)``); no
+renegotiation, no compression.  Python's ``ssl`` module can set one group only
+(``set_ecdh_curve``), so :func:`_offer_groups` hands the list to OpenSSL's
+``SSL_CTX_set1_groups_list`` itself; where it cannot (not CPython, OpenSSL not
+reachable) the API offers P-256 alone (the start's log line names the groups).
 
 :class:`ServerTls` hands out the context for each new connection: it ``stat``s
 the certificate, key (and CA) files first (three calls: 9-12 µs measured on a busy
@@ -29,12 +31,15 @@ would drop it without a word.
 
 from __future__ import annotations
 
+import _ssl
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +47,7 @@ from pathlib import Path
 from cryptography import x509
 
 from certagent.errors import ConfigError
-from certagent.runtime.tlspolicy import INTERMEDIATE_CIPHERS
+from certagent.runtime.tlspolicy import CURVES, INTERMEDIATE_CIPHERS, PQ_CURVES
 
 from .audit import Auditor
 
@@ -69,10 +74,15 @@ def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSL
 
     ConfigError (naming the file) if the certificate, the key or the CA does not load.
     """
+    return _server_context(cert, key, client_ca)[0]
+
+
+def _server_context(cert: str, key: str, client_ca: str | None) -> tuple[ssl.SSLContext, str]:
+    """:func:`server_context`, and the key exchange groups it offers."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(INTERMEDIATE_CIPHERS)  # TLS 1.2; TLS 1.3 keeps OpenSSL's three suites
-    ctx.set_ecdh_curve(_GROUP)
+    groups = _offer_groups(ctx)
     # Mozilla's server_preferred_order: false (HAProxy's prefer-client-ciphers)
     ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
@@ -91,7 +101,51 @@ def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSL
                 f"cannot read api_client_ca {client_ca}: {_why(exc)} (PEM CA certificates)"
             ) from exc
         ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
+    return ctx, groups
+
+
+#: OpenSSL's ``SSL_CTRL_SET_GROUPS_LIST`` (``SSL_CTX_set1_groups_list`` is a macro over it)
+_SET_GROUPS_LIST = 92
+
+
+def _offer_groups(ctx: ssl.SSLContext) -> str:
+    """Offer the data plane's key exchange groups; the list offered.
+
+    ``SSL_CTX_set1_groups_list`` through ctypes, on the ``SSL_CTX`` that CPython's
+    ``SSLContext`` object holds right after its object header (``object.__basicsize__``:
+    the struct has begun ``PyObject_HEAD; SSL_CTX *ctx;`` in every version).  The
+    pointer is checked first (``SSL_CTX_get_options`` must give ``ctx.options``).
+    Without that: P-256 alone (``set_ecdh_curve``), a subset of the same list.
+    """
+    ctrl = _groups_setter(ctx)
+    if ctrl is not None:
+        for groups in (PQ_CURVES, CURVES):  # the hybrid only where OpenSSL knows it (3.5+)
+            if ctrl(groups.encode("ascii")) == 1:
+                return groups
+    ctx.set_ecdh_curve(_GROUP)
+    return _GROUP
+
+
+def _groups_setter(ctx: ssl.SSLContext) -> Callable[[bytes], int] | None:
+    """``SSL_CTX_ctrl(ctx, SET_GROUPS_LIST, 0, groups)`` for ``ctx``, or None if unreachable."""
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        lib = ctypes.CDLL(_ssl.__file__)  # its symbols include libssl's (a dependency)
+        get_options, ctrl = lib.SSL_CTX_get_options, lib.SSL_CTX_ctrl
+    except (OSError, AttributeError):
+        return None
+    pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
+    get_options.restype, get_options.argtypes = ctypes.c_uint64, [ctypes.c_void_p]
+    if pointer is None or get_options(pointer) != ctx.options:
+        return None
+    ctrl.restype = ctypes.c_long
+    ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_char_p]
+
+    def set_groups(groups: bytes) -> int:
+        return int(ctrl(pointer, _SET_GROUPS_LIST, 0, groups))
+
+    return set_groups
 
 
 def client_context(
@@ -139,7 +193,8 @@ class ServerTls:
         self.cert, self.key, self.client_ca = cert, key, client_ca or None
         self._clock = clock
         self._stamp = self._files_stamp()
-        self._context = server_context(cert, key, self.client_ca)  # ConfigError: no start
+        # ConfigError: no start
+        self._context, self.groups = _server_context(cert, key, self.client_ca)
         self._bad: Stamp | None = None
         self._bad_at = 0.0
 
@@ -155,7 +210,7 @@ class ServerTls:
         if stamp == self._bad and self._clock() - self._bad_at < self.RETRY_SECONDS:
             return self._context
         try:
-            fresh = server_context(self.cert, self.key, self.client_ca)
+            fresh, self.groups = _server_context(self.cert, self.key, self.client_ca)
         except ConfigError as exc:
             if stamp != self._bad:
                 log.warning("%s; serving the certificate read before", exc)

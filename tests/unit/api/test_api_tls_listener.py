@@ -23,7 +23,13 @@ from cryptography import x509
 from certagent.api import ApiServer, start_api
 from certagent.api.auth import add_token, register_token
 from certagent.api.grants import make_grant
-from certagent.api.tls import ServerTls, client_context, refusal_reason, server_context
+from certagent.api.tls import (
+    ServerTls,
+    _groups_setter,
+    client_context,
+    refusal_reason,
+    server_context,
+)
 from certagent.config import Settings
 from certagent.errors import ConfigError
 from certagent.runtime.tlspolicy import INTERMEDIATE_CIPHERS
@@ -35,8 +41,10 @@ def ca() -> trustme.CA:
     return trustme.CA()
 
 
-def server_files(ca: trustme.CA, where: Path, name: str = "server") -> tuple[Path, Path]:
-    leaf = ca.issue_cert("127.0.0.1", "localhost")
+def server_files(
+    ca: trustme.CA, where: Path, name: str = "server", key_type: trustme.KeyType | None = None
+) -> tuple[Path, Path]:
+    leaf = ca.issue_cert("127.0.0.1", "localhost", key_type=key_type or trustme.KeyType.ECDSA)
     cert, key = where / f"{name}.pem", where / f"{name}.key"
     leaf.cert_chain_pems[0].write_to_path(str(cert))
     for pem in leaf.cert_chain_pems[1:]:
@@ -56,6 +64,57 @@ def test_the_context_is_mozilla_intermediate(ca: trustme.CA, tmp_path: Path) -> 
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     assert server_context(str(cert), str(key), str(ca_file)).verify_mode == ssl.CERT_REQUIRED
+
+
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> str | None:
+    """An in-memory handshake; the TLS version agreed, or None if it failed."""
+    s_in, s_out, c_in, c_out = (ssl.MemoryBIO() for _ in range(4))
+    srv = server.wrap_bio(s_in, s_out, server_side=True)
+    cli = client.wrap_bio(c_in, c_out, server_hostname="localhost")
+    for _ in range(6):
+        for end in (cli, srv):
+            try:
+                end.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError:
+                return None
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+    try:
+        cli.do_handshake()
+        srv.do_handshake()
+    except ssl.SSLError:
+        return None
+    return srv.version()
+
+
+@pytest.mark.parametrize(
+    ("group", "taken"),
+    [
+        ("X25519", True),
+        ("prime256v1", True),
+        ("secp384r1", True),
+        ("secp521r1", False),
+        ("X448", False),
+    ],
+)
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_the_key_exchange_groups_are_the_data_planes(
+    ca: trustme.CA, tmp_path: Path, group: str, taken: bool, version: ssl.TLSVersion
+) -> None:
+    """X25519, P-256 and P-384, as HAProxy's ssl-default-bind-curves (runtime/tlspolicy.py).
+
+    An RSA certificate: in TLS 1.2 a client's groups also limit the curve of an ECDSA one.
+    """
+    cert, key = server_files(ca, tmp_path, key_type=trustme.KeyType.RSA)
+    server = server_context(str(cert), str(key))
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca.configure_trust(client)
+    client.minimum_version = client.maximum_version = version
+    setter = _groups_setter(client)
+    assert setter is not None and setter(group.encode()) == 1
+    assert _handshake(server, client) == (version.name.replace("_", ".") if taken else None)
 
 
 def test_a_pair_that_does_not_load_is_a_config_error(ca: trustme.CA, tmp_path: Path) -> None:
