@@ -133,6 +133,7 @@ def _groups_setter(ctx: ssl.SSLContext) -> Callable[[bytes], int] | None:
     try:
         lib = ctypes.CDLL(_ssl.__file__)  # its symbols include libssl's (a dependency)
         get_options, ctrl = lib.SSL_CTX_get_options, lib.SSL_CTX_ctrl
+        clear_errors = lib.ERR_clear_error
     except (OSError, AttributeError):
         return None
     pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
@@ -143,7 +144,10 @@ def _groups_setter(ctx: ssl.SSLContext) -> Callable[[bytes], int] | None:
     ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_char_p]
 
     def set_groups(groups: bytes) -> int:
-        return int(ctrl(pointer, _SET_GROUPS_LIST, 0, groups))
+        done = int(ctrl(pointer, _SET_GROUPS_LIST, 0, groups))
+        if done != 1:
+            clear_errors()  # a name OpenSSL lacks leaves an error queued: not for later calls
+        return done
 
     return set_groups
 
