@@ -20,8 +20,9 @@ a hash, a header or a body: nothing the client sent but the path's id or name
 With ``api_audit_reads = false`` accepted reads (GET) are counted but not written.
 
 :class:`Auditor` also counts requests by token and outcome, and refused handshakes
-by reason, for ``GET /metrics`` (:meth:`Auditor.render`).  O(1) per request; the
-counters grow with the number of token names, not with requests.
+by reason, for ``GET /metrics`` (:meth:`Auditor.render`).  O(1) per request (a line:
+≈19 µs of CPU, bench/results/2026-12-07-api-tls.md); the counters grow with the
+number of token names, not with requests.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ renegotiation, no compression.  Python's ``ssl`` module can set one group only
 reachable) the API offers P-256 alone (the start's log line names the groups).
 
 :class:`ServerTls` hands out the context for each new connection: it ``stat``s
-the certificate, key (and CA) files first (three calls: 9-12 µs measured on a busy
-2-CPU machine, against ≈0.35 ms of the server's CPU for the handshake itself; O(1)
-per connection, nothing on a timer) and builds a new context when one changed, so a
+the certificate, key (and CA) files first (three calls: 3.9 µs of CPU, 1.5 % of
+the server's 0.27 ms for the handshake itself, bench/results/2026-12-07-api-tls.md;
+O(1) per connection, nothing on a timer) and builds a new context when one changed, so a
 renewed certificate is served from the next connection on, without a restart.
 A pair that does not load (the certificate written before its key, say) keeps
 the previous context, with one warning per change, and is tried again at most
