@@ -20,7 +20,7 @@ import pytest
 import trustme
 from cryptography import x509
 
-from certagent.api import ApiServer, start_api
+from certagent.api import ApiServer, LoadedSlot, start_api
 from certagent.api.auth import add_token, register_token
 from certagent.api.grants import make_grant
 from certagent.api.tls import (
@@ -187,10 +187,10 @@ async def mutual(ca: trustme.CA, tmp_path: Path) -> AsyncIterator[tuple[ApiServe
         api_client_ca=str(ca_file),
     )
 
-    async def nothing() -> list[object]:
+    async def nothing() -> list[LoadedSlot]:
         return []
 
-    server = await start_api(settings, MemoryStore(), loaded=nothing, ready=lambda: True)  # type: ignore[arg-type]
+    server = await start_api(settings, MemoryStore(), loaded=nothing, ready=lambda: True)
     assert server is not None and server.url.startswith("https://127.0.0.1:")
     try:
         yield server, tmp_path

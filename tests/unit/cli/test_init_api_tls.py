@@ -12,13 +12,20 @@ from certagent.cli.init import InitOptions, init
 from certagent.errors import ConfigError
 
 
-def options(tmp_path: Path, **api: Path | None) -> InitOptions:
+def options(
+    tmp_path: Path,
+    api_tls_cert: Path | None = None,
+    api_tls_key: Path | None = None,
+    api_client_ca: Path | None = None,
+) -> InitOptions:
     return InitOptions(
         tmp_path / "etc",
         "127.0.0.1:18443",
         f"file://{tmp_path / 'certs'}",
         run_dir=tmp_path / "run",
-        **api,  # type: ignore[arg-type]
+        api_tls_cert=api_tls_cert,
+        api_tls_key=api_tls_key,
+        api_client_ca=api_client_ca,
     )
 
 
