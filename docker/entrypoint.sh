@@ -45,7 +45,7 @@ if [ -n "${CERTAGENT_API_TOKEN_FILE:-}" ]; then
 fi
 if [ -f "$tokens" ]; then
     export CERTAGENT_API_TOKENS_FILE="$tokens" CERTAGENT_API_BIND="${CERTAGENT_API_BIND:-0.0.0.0:8089}"
-    say "REST API on $CERTAGENT_API_BIND for the tokens named: $(certagent token ls --file "$tokens" | paste -sd ' ' -)"
+    say "REST API on $CERTAGENT_API_BIND for the tokens named: $(certagent token ls --file "$tokens" | awk '{print $1}' | paste -sd ' ' -)"
 else
     say "REST API off: no token (set CERTAGENT_API_TOKEN_FILE to a file holding one, e.g. a secret" \
         "at /run/secrets/api_token; see docker-compose.yml). No token is ever made and printed here."

@@ -25,6 +25,7 @@ from certagent.api import (
     openapi_document,
     start_api,
 )
+from certagent.api.guard import RateLimiter
 from certagent.api.server import ProblemRunner
 from certagent.certs.validate import UploadPolicy
 from certagent.config import Settings
@@ -125,7 +126,9 @@ async def running_api(
     policy: UploadPolicy | None = None,
     now: Callable[[], datetime] | None = None,
     manage: Callable[[str], Awaitable[Managed]] | None = None,
+    limiter: RateLimiter | None = None,
 ) -> AsyncIterator[Api]:
+    """The app in a TestServer, with one admin token ("tests"); add others to ``tokens_file``."""
     tokens_file = tmp_path / "api-tokens"
     token = add_token(tokens_file, "tests")
     holder: list[Api] = []
@@ -141,6 +144,7 @@ async def running_api(
         ready=lambda: holder[0].haproxy_up,
         now=now or (lambda: datetime.now(UTC)),
         manage=manage,
+        limiter=limiter,
     )
     async with TestClient(ProblemTestServer(app, host="127.0.0.1")) as client:
         api = Api(client, token, store, tokens_file)

@@ -61,6 +61,8 @@ RUNTIME_API = {
 HEAVY = {
     "test_acme_renewal",
     "test_acme_retry_after",
+    "test_api_scopes",  # the REST API's authorization: nothing of it changes with HAProxy
+    "test_api_tls",
     "test_bench_issuance",
     "test_bench_million",
     "test_bench_renewal",

@@ -124,6 +124,14 @@ class Settings:
     expiry_warning_days: float = 21.0
     # REST API bearer tokens, "name:sha256hex" lines (`certagent token add`); "" = no REST API
     api_tokens_file: str = ""
+    # serve the REST API over TLS: a PEM chain (leaf first) and its key; "" = plain HTTP.
+    # Re-read when either file changes, from the next connection on
+    api_tls_cert: str = ""
+    api_tls_key: str = ""
+    # mutual TLS: API clients must present a certificate signed by a CA in this PEM file
+    api_client_ca: str = ""
+    # audit accepted reads (GET) too; refused reads and every write are always audited
+    api_audit_reads: bool = True
     # largest upload accepted (certificate chain and key together), in bytes
     max_upload_bytes: int = 262_144
     # most certificates in an upload, leaf included
@@ -250,6 +258,16 @@ class Settings:
         if self.haproxy_bufsize < 4096:
             raise ConfigError("haproxy_bufsize must be at least 4096 (HAProxy's tune.bufsize)")
         parse_bind(self.api_bind)
+        if bool(self.api_tls_cert) != bool(self.api_tls_key):
+            raise ConfigError(
+                "api_tls_cert and api_tls_key go together: set both (the API's certificate"
+                " chain and its key) or neither (plain HTTP)"
+            )
+        if self.api_client_ca and not self.api_tls_cert:
+            raise ConfigError(
+                "api_client_ca (mutual TLS) needs the API served over TLS: set api_tls_cert"
+                " and api_tls_key too"
+            )
         if self.metrics_bind:
             parse_bind(self.metrics_bind, "metrics_bind")
         if not 0 < self.expiry_warning_days <= 365:

@@ -1,10 +1,12 @@
 """schemathesis against the REST API on a real Redis: the OpenAPI document says what the API does.
 
 The API runs here (``start_api``, a RedisStore on the session's private
-redis-server); schemathesis's CLI runs in a subprocess against
-``/v1/openapi.json`` with every check (``--checks all``), every phase (examples,
-coverage, fuzzing, stateful), a fixed number of examples per operation and
-deterministic generation, so each run sends the same requests.  Settings:
+redis-server) with one ``admin`` token (a line without scopes: every operation,
+every name; tests/integration/test_api_scopes.py checks the other scopes);
+schemathesis's CLI runs in a subprocess against ``/v1/openapi.json`` with
+every check (``--checks all``), every phase (examples, coverage, fuzzing,
+stateful), a fixed number of examples per operation and deterministic
+generation, so each run sends the same requests.  Settings:
 ``schemathesis.toml``; one extra check: ``schemathesis_hooks.py``.
 
 A failure prints schemathesis's report: each failing request with a curl line to

@@ -1,17 +1,25 @@
 """Bearer tokens for the REST API, kept as SHA-256 hashes in a file.
 
 The tokens file (setting ``api_tokens_file``) has one ``name:sha256hex`` line
-per token; blank lines and ``#`` comments are ignored::
+per token, optionally followed by what the token may do (its scopes, name
+patterns, expiry, rate and client certificate subject, :mod:`certagent.api.grants`);
+blank lines and ``#`` comments are ignored::
 
     # certagent API tokens -- add with `certagent token add NAME --file FILE`
     deploy:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8
+    panel:3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b8555 scopes=domains,read
+
+A line without attributes grants everything (``admin``), as every line did
+before scopes existed.  ``-`` instead of a hash is a token no bearer value
+matches: it authenticates only by its client certificate ``subject=`` (mutual TLS).
 
 A token is ``cat_`` + 43 URL-safe base64 characters (32 random bytes); only its
 hash is ever written down.  :func:`add_token` makes one, appends its line and
 returns the token, which the caller prints once; :func:`register_token` writes
-the hash of a token made elsewhere (a Docker secret); :func:`remove_token`
-rewrites the file without one (atomically, mode and owner kept); every edit
-holds an exclusive ``flock`` on the file.  :func:`token_names` lists names only.
+the hash of a token made elsewhere (a Docker secret), or a subject-only line;
+:func:`remove_token` rewrites the file without one (atomically, mode and owner
+kept); every edit holds an exclusive ``flock`` on the file.  :func:`token_names`
+and :func:`token_entries` list names and grants, never a hash.
 
 :class:`TokenFile` is what the agent checks requests against.  It calls ``stat`` on the
 file on every authenticated request (≈2 µs, O(1)) and re-reads it when its
@@ -19,7 +27,8 @@ mtime, size or inode changed, so an added or removed token takes effect from
 the next request on, without a restart or SIGHUP.  An edit that leaves the file
 unparseable keeps the previous tokens (and logs a warning), a deleted file
 accepts no token.  Checking a token costs O(tokens) hash comparisons, with
-:func:`hmac.compare_digest`.  Nothing here logs a token or a hash.
+:func:`hmac.compare_digest`; finding a client certificate's subject one dict
+lookup.  Nothing here logs a token or a hash.
 """
 
 from __future__ import annotations
@@ -39,7 +48,10 @@ from pathlib import Path
 
 from certagent.errors import ConfigError
 
+from .grants import EVERYTHING, Grant, parse_attributes
+
 __all__ = [
+    "NO_TOKEN",
     "TOKEN_PREFIX",
     "TokenEntry",
     "TokenFile",
@@ -50,12 +62,15 @@ __all__ = [
     "parse_tokens",
     "register_token",
     "remove_token",
+    "token_entries",
     "token_names",
 ]
 
 log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "cat_"  # noqa: S105 (a prefix, not a secret)
+#: written instead of a hash: no bearer token matches the line (a client certificate may)
+NO_TOKEN = "-"  # noqa: S105 (a marker, not a secret)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}\Z")
 _HASH = re.compile(r"[0-9a-f]{64}\Z")
 _HEADER = "# certagent API tokens (name:sha256): `certagent token add NAME --file F`\n"
@@ -67,7 +82,15 @@ _TOKEN = re.compile(rf"[\x21-\x7e]{{{_TOKEN_MIN},{_TOKEN_MAX}}}\Z")
 @dataclass(frozen=True)
 class TokenEntry:
     name: str
-    sha256: str = field(repr=False)
+    #: None: no bearer token (``-`` in the file): only its client certificate subject
+    sha256: str | None = field(repr=False)
+    grant: Grant = EVERYTHING
+
+    def line(self) -> str:
+        """The entry as a line of the file (without its newline)."""
+        attributes = self.grant.attributes()
+        head = f"{self.name}:{self.sha256 or NO_TOKEN}"
+        return f"{head} {attributes}" if attributes else head
 
 
 def hash_token(token: str) -> str:
@@ -75,56 +98,86 @@ def hash_token(token: str) -> str:
 
 
 def parse_tokens(text: str, *, source: str = "tokens file") -> tuple[TokenEntry, ...]:
-    """Parse ``name:sha256hex`` lines; errors name ``source`` and the line number only."""
+    """Parse the file's lines; errors name ``source`` and the line number, never a hash."""
     entries: list[TokenEntry] = []
+    subjects: set[str] = set()
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         where = f"{source}, line {number}"
-        name, sep, digest = (part.strip() for part in line.partition(":"))
+        name, sep, rest = (part.strip() for part in line.partition(":"))
         if not sep or not _NAME.match(name):
             raise ConfigError(
                 f"{where}: expected name:sha256hex with a name of 1-64 letters, digits,"
                 " '_', '.', '@' or '-'; add tokens with `certagent token add NAME --file FILE`"
             )
-        if not _HASH.match(digest.lower()):
+        words = rest.split()
+        digest = words[0].lower() if words else ""
+        if digest != NO_TOKEN and not _HASH.match(digest):
             raise ConfigError(
                 f"{where}: the hash of token {name!r} is not 64 hex digits (the file holds"
                 " SHA-256 hashes, never tokens); add tokens with `certagent token add`"
             )
+        grant = parse_attributes(words[1:], where)
+        if digest == NO_TOKEN and grant.subject is None:
+            raise ConfigError(
+                f"{where}: token {name!r} has no hash ('-') and no subject=: nothing can use it"
+            )
         if any(entry.name == name for entry in entries):
             raise ConfigError(f"{where}: token name {name!r} appears twice")
-        entries.append(TokenEntry(name, digest.lower()))
+        if grant.subject is not None:
+            if grant.subject in subjects:
+                raise ConfigError(f"{where}: client certificate subject of {name!r} appears twice")
+            subjects.add(grant.subject)
+        entries.append(TokenEntry(name, None if digest == NO_TOKEN else digest, grant))
     return tuple(entries)
 
 
-def add_token(path: str | os.PathLike[str], name: str) -> str:
+def add_token(path: str | os.PathLike[str], name: str, grant: Grant = EVERYTHING) -> str:
     """Append a new random token named ``name`` to the file at ``path`` (made 0600); return it."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    register_token(path, name, token)
+    register_token(path, name, token, grant=grant)
     return token
 
 
 def register_token(
-    path: str | os.PathLike[str], name: str, token: str, *, replace: bool = False
+    path: str | os.PathLike[str],
+    name: str,
+    token: str | None,
+    *,
+    replace: bool = False,
+    grant: Grant = EVERYTHING,
 ) -> str:
-    """Write ``name:sha256(token)`` into the file at ``path`` (created 0600).
+    """Write ``name:sha256(token)`` and ``grant``'s attributes into the file at ``path``.
 
-    For a token made elsewhere (a Docker secret): it must be 16-512 printable
-    ASCII characters without spaces.  A name already in the file is refused,
-    unless ``replace``: then its line is rewritten (atomically, in place).
-    Returns what happened: ``"added"``, ``"replaced"`` or ``"unchanged"``.
+    The file is created 0600.  ``token`` is one made elsewhere (a Docker secret):
+    16-512 printable ASCII characters without spaces; None writes a line no bearer
+    token matches, for a client certificate (``grant.subject`` must be set).  A
+    name already in the file is refused, unless ``replace``: then its line is
+    rewritten (atomically, in place).  Returns what happened: ``"added"``,
+    ``"replaced"`` or ``"unchanged"``.
     """
     _check_name(name)
-    check_token(token)
+    if token is not None:
+        check_token(token)
+    elif grant.subject is None:
+        raise ConfigError("a line without a token needs a client certificate subject")
     target = Path(path)
-    digest = hash_token(token)
+    entry = TokenEntry(name, None if token is None else hash_token(token), grant)
     with _locked(target, create=True) as (fd, text):
         entries = parse_tokens(text, source=str(target))
-        old = next((entry for entry in entries if entry.name == name), None)
+        clash = next(
+            (e for e in entries if grant.subject and e.grant.subject == grant.subject), None
+        )
+        if clash is not None and clash.name != name:
+            raise ConfigError(
+                f"{target}: token {clash.name!r} already has the client certificate subject"
+                f" {grant.subject!r}"
+            )
+        old = next((e for e in entries if e.name == name), None)
         if old is None:
-            line = f"{name}:{digest}\n"
+            line = entry.line() + "\n"
             if text and not text.endswith("\n"):
                 line = "\n" + line
             elif not text:
@@ -136,9 +189,14 @@ def register_token(
                 f"{target} already has a token named {name!r}; remove it first with"
                 f" `certagent token rm {name} --file {target}`, or choose another name"
             )
-        if hmac.compare_digest(old.sha256, digest):
+        same_hash = (old.sha256 is None and entry.sha256 is None) or (
+            old.sha256 is not None
+            and entry.sha256 is not None
+            and hmac.compare_digest(old.sha256, entry.sha256)
+        )
+        if same_hash and old.grant == grant:
             return "unchanged"
-        _rewrite(target, fd, _edit_lines(text, name, f"{name}:{digest}"))
+        _rewrite(target, fd, _edit_lines(text, name, entry.line()))
         return "replaced"
 
 
@@ -161,13 +219,18 @@ def remove_token(path: str | os.PathLike[str], name: str) -> None:
 
 def token_names(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The names in the tokens file at ``path``, in file order (never a hash)."""
+    return tuple(entry.name for entry in token_entries(path))
+
+
+def token_entries(path: str | os.PathLike[str]) -> tuple[TokenEntry, ...]:
+    """The entries of the tokens file at ``path``, in file order; ConfigError if it is missing."""
     target = Path(path)
     if not target.exists():
         raise ConfigError(
             f"tokens file {target} does not exist; create it with"
             f" `certagent token add NAME --file {target}`"
         )
-    return tuple(entry.name for entry in parse_tokens(_read(target), source=str(target)))
+    return parse_tokens(_read(target), source=str(target))
 
 
 def check_token(token: str) -> None:
@@ -307,6 +370,7 @@ class TokenFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._entries: tuple[TokenEntry, ...] = ()
+        self._subjects: dict[str, TokenEntry] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._bad_stamp: tuple[int, int, int] | None = None
 
@@ -320,7 +384,7 @@ class TokenFile:
                 f"API tokens file {tokens.path} does not exist; create it with"
                 f" `certagent token add NAME --file {tokens.path}`"
             )
-        tokens._entries = parse_tokens(_read(tokens.path), source=f"tokens file {tokens.path}")
+        tokens._use(parse_tokens(_read(tokens.path), source=f"tokens file {tokens.path}"))
         tokens._stamp = stamp
         if not tokens._entries:
             log.warning("API tokens file %s holds no token: every request is refused", tokens.path)
@@ -332,13 +396,27 @@ class TokenFile:
 
     def match(self, token: str) -> str | None:
         """The name of ``token`` if the file accepts it, else None."""
+        entry = self.find(token)
+        return None if entry is None else entry.name
+
+    def find(self, token: str) -> TokenEntry | None:
+        """The entry of ``token`` if the file has one (expired or not), else None."""
         self._refresh()
         digest = hash_token(token)
-        found: str | None = None
+        found: TokenEntry | None = None
         for entry in self._entries:  # no early exit: every request does the same work
-            if hmac.compare_digest(entry.sha256, digest):
-                found = entry.name
+            if entry.sha256 is not None and hmac.compare_digest(entry.sha256, digest):
+                found = entry
         return found
+
+    def for_subject(self, subject: str) -> TokenEntry | None:
+        """The entry whose ``subject=`` is this client certificate subject, if any."""
+        self._refresh()
+        return self._subjects.get(subject)
+
+    def _use(self, entries: tuple[TokenEntry, ...]) -> None:
+        self._entries = entries
+        self._subjects = {e.grant.subject: e for e in entries if e.grant.subject is not None}
 
     def _current_stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -363,7 +441,8 @@ class TokenFile:
             return
         if stamp is None:
             log.warning("API tokens file %s was removed: every request is refused", self.path)
-            self._entries, self._stamp = (), None
+            self._use(())
+            self._stamp = None
             return
         try:
             entries = parse_tokens(_read(self.path), source=f"tokens file {self.path}")
@@ -371,7 +450,8 @@ class TokenFile:
             log.warning("%s; keeping the %d tokens read before", exc, len(self._entries))
             self._bad_stamp = stamp
             return
-        self._entries, self._stamp = entries, stamp
+        self._use(entries)
+        self._stamp = stamp
         log.info("API tokens file %s re-read: %d tokens", self.path, len(entries))
 
 

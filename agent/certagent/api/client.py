@@ -7,6 +7,7 @@ Answers are the API's JSON; a problem answer raises :class:`ApiProblem`
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,15 +38,19 @@ class ApiUnreachable(AgentError):
 @dataclass
 class ApiBackend:
     url: str
+    #: "" when a client certificate stands for the token (mutual TLS)
     token: str
     timeout: float = 30.0
+    #: for https URLs: the CA to trust and the client certificate to present
+    tls: ssl.SSLContext | None = None
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {self.token}"},
+                headers={"Authorization": f"Bearer {self.token}"} if self.token else {},
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
+                connector=aiohttp.TCPConnector(ssl=self.tls if self.tls is not None else True),
             )
         return self._session
 

@@ -21,9 +21,12 @@ from certagent.certs import hostname
 from certagent.errors import ConfigError, InvalidHostname, NotFound
 from certagent.store.issuance import DomainRegistry, Registration
 
+from .audit import note
+from .grants import Scope
+from .guard import check_names, visible
 from .problems import BadRequest, UnsupportedMediaType
 from .query import MAX_LIMIT
-from .views import CONTEXT, TOKEN_NAME
+from .views import CONTEXT, token_name
 
 __all__ = ["domain_routes", "registered_name", "registration_json"]
 
@@ -72,8 +75,9 @@ async def list_domains(request: web.Request) -> web.Response:
     limit = int(raw_limit)
     items = await _registry(request).registrations(after=after, limit=limit)
     next_after = items[-1].name if len(items) == limit else None
+    shown = [r for r in items if visible((r.name,))]  # a token's own names only
     return web.json_response(
-        {"items": [registration_json(r) for r in items], "next": next_after}
+        {"items": [registration_json(r) for r in shown], "next": next_after}
     )
 
 
@@ -92,6 +96,8 @@ async def add_domain(request: web.Request) -> web.Response:
     if not isinstance(issue, bool):
         raise BadRequest("issue must be true or false")
     name = registered_name(body["name"])
+    note(target=name)
+    check_names((name,))
     registry = _registry(request)
     existed = await registry.registration(name) is not None
     registration = await registry.register(name, issue=issue)
@@ -100,7 +106,7 @@ async def add_domain(request: web.Request) -> web.Response:
         name,
         "registered again" if existed else "registered",
         ", to be issued at once" if issue else "",
-        TOKEN_NAME.get(),
+        token_name(),
     )
     return web.json_response(
         registration_json(registration),
@@ -110,26 +116,31 @@ async def add_domain(request: web.Request) -> web.Response:
 
 
 async def get_domain(request: web.Request) -> web.Response:
+    note(target=request.match_info["name"])
     name = hostname.normalise(request.match_info["name"])
-    registration = await _registry(request).registration(name)
+    note(names=(name,))
+    # a name outside the token's patterns is as unknown as one never registered
+    registration = await _registry(request).registration(name) if visible((name,)) else None
     if registration is None:
         raise NotFound(f"{name} is not registered")
     return web.json_response(registration_json(registration))
 
 
 async def delete_domain(request: web.Request) -> web.Response:
+    note(target=request.match_info["name"])
     name = hostname.normalise(request.match_info["name"])
+    check_names((name,))
     if not await _registry(request).unregister(name):
         raise NotFound(f"{name} is not registered")
-    log.info("domain %s unregistered (token %s)", name, TOKEN_NAME.get())
+    log.info("domain %s unregistered (token %s)", name, token_name())
     return web.Response(status=204)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-#: (method, path, handler, route name, needs a token), as :data:`certagent.api.views.routes`
-domain_routes: tuple[tuple[str, str, Handler, str, bool], ...] = (
-    ("GET", "/v1/domains", list_domains, "domains", True),
-    ("POST", "/v1/domains", add_domain, "domains", True),
-    ("GET", "/v1/domains/{name}", get_domain, "domain", True),
-    ("DELETE", "/v1/domains/{name}", delete_domain, "domain", True),
+#: (method, path, handler, route name, scope), as :data:`certagent.api.views.routes`
+domain_routes: tuple[tuple[str, str, Handler, str, Scope | None], ...] = (
+    ("GET", "/v1/domains", list_domains, "domains", Scope.READ),
+    ("POST", "/v1/domains", add_domain, "domains", Scope.DOMAINS),
+    ("GET", "/v1/domains/{name}", get_domain, "domain", Scope.READ),
+    ("DELETE", "/v1/domains/{name}", delete_domain, "domain", Scope.DOMAINS),
 )

@@ -59,10 +59,14 @@ __all__ = [
     "ApiError",
     "BadRequest",
     "BadToken",
+    "ExpiredToken",
+    "Forbidden",
+    "ForbiddenName",
     "HeaderTooLarge",
     "MissingToken",
     "NotReady",
     "Problem",
+    "RateLimited",
     "RenewalOff",
     "UnsupportedMediaType",
     "UriTooLong",
@@ -77,10 +81,25 @@ TYPE_PREFIX = "urn:certagent:problem:"
 
 
 class ApiError(AgentError):
-    """An error of the HTTP exchange itself (not of the certificate or the store)."""
+    """An error of the HTTP exchange itself (not of the certificate or the store).
+
+    ``extra`` becomes members of the problem (RFC 9457 section 3.2), ``headers``
+    headers of the answer.
+    """
 
     status = 400
     code = "bad-request"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        extra: Mapping[str, object] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.extra: Mapping[str, object] = extra or {}
+        self.headers: Mapping[str, str] = headers or {}
 
 
 class BadRequest(ApiError):
@@ -95,6 +114,34 @@ class MissingToken(ApiError):
 class BadToken(ApiError):
     status = 403
     code = "bad-token"
+
+
+class ExpiredToken(ApiError):
+    """The token is known, and past its ``expires``."""
+
+    status = 401
+    code = "expired-token"
+
+
+class Forbidden(ApiError):
+    """The token lacks the scope the operation needs (named in the ``scope`` member)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class ForbiddenName(ApiError):
+    """A write names a host outside the token's name patterns."""
+
+    status = 403
+    code = "forbidden-name"
+
+
+class RateLimited(ApiError):
+    """The token is over its request rate; ``Retry-After`` says when to come back."""
+
+    status = 429
+    code = "rate-limited"
 
 
 class UnsupportedMediaType(ApiError):
@@ -175,6 +222,10 @@ TITLES: Mapping[str, str] = {
     "bad-request": "Bad request",
     "missing-token": "Bearer token required",
     "bad-token": "Token not accepted",
+    "expired-token": "Token expired",
+    "forbidden": "Scope missing",
+    "forbidden-name": "Name outside the token's patterns",
+    "rate-limited": "Too many requests",
     "unsupported-media-type": "Unsupported media type",
     "expectation-failed": "Expectation not supported",
     "uri-too-long": "Request line too long",
@@ -213,6 +264,7 @@ TITLES: Mapping[str, str] = {
     "internal-error": "Internal error",
 }
 _CHALLENGE = 'Bearer realm="certagent"'
+_EXPIRED = 'Bearer realm="certagent", error="invalid_token", error_description="token expired"'
 _HIDDEN_DETAIL = "internal error; the agent's log has the details"
 
 
@@ -259,8 +311,12 @@ def problem_for(exc: AgentError) -> Problem:
     since it may describe internals rather than the request.
     """
     if isinstance(exc, ApiError):
-        headers = {"WWW-Authenticate": _CHALLENGE} if isinstance(exc, MissingToken) else {}
-        return Problem(exc.status, exc.code, str(exc), headers=headers)
+        headers = dict(exc.headers)
+        if isinstance(exc, MissingToken):
+            headers["WWW-Authenticate"] = _CHALLENGE
+        elif isinstance(exc, ExpiredToken):
+            headers["WWW-Authenticate"] = _EXPIRED
+        return Problem(exc.status, exc.code, str(exc), extra=exc.extra, headers=headers)
     status = next(_STATUS[cls] for cls in type(exc).__mro__ if cls in _STATUS)
     if isinstance(exc, CertificateError):
         code = exc.code

@@ -20,8 +20,11 @@ from aiohttp import web
 from certagent.certs import hostname
 from certagent.store.renewals import Managed
 
+from .audit import note
+from .grants import Scope
+from .guard import check_names
 from .problems import RenewalOff
-from .views import CONTEXT, TOKEN_NAME, iso_utc
+from .views import CONTEXT, iso_utc, token_name
 
 __all__ = ["managed_json", "renewal_routes"]
 
@@ -38,7 +41,9 @@ def managed_json(managed: Managed) -> dict[str, object]:
 
 
 async def manage(request: web.Request) -> web.Response:
+    note(target=request.match_info["name"])
     name = hostname.normalise(request.match_info["name"])
+    check_names((name,))  # a renewal orders this name alone (service/manage.py)
     opt_in = request.app[CONTEXT].manage
     if opt_in is None:
         raise RenewalOff(
@@ -50,13 +55,13 @@ async def manage(request: web.Request) -> web.Response:
         name,
         managed.certificate,
         iso_utc(datetime.fromtimestamp(managed.renew_at, UTC)),
-        TOKEN_NAME.get(),
+        token_name(),
     )
     return web.json_response(managed_json(managed))
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-#: (method, path, handler, route name, needs a token), as :data:`certagent.api.views.routes`
-renewal_routes: tuple[tuple[str, str, Handler, str, bool], ...] = (
-    ("PUT", "/v1/renewals/{name}", manage, "renewal", True),
+#: (method, path, handler, route name, scope), as :data:`certagent.api.views.routes`
+renewal_routes: tuple[tuple[str, str, Handler, str, Scope | None], ...] = (
+    ("PUT", "/v1/renewals/{name}", manage, "renewal", Scope.RENEWALS),
 )

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from aiohttp import web
@@ -18,13 +17,24 @@ from certagent.errors import AgentError, DuplicateCertificate, NotFound
 from certagent.store.base import CertRecord, Store
 from certagent.store.renewals import Managed
 
+from .audit import Auditor, note
 from .auth import TokenFile
 from .body import read_ocsp, read_upload
+from .grants import Scope
+from .guard import PRINCIPAL, RateLimiter, check_names, current, visible
 from .loaded import LoadedSlot
 from .problems import AlreadyStored, NotReady, Problem
 from .query import MAX_LIMIT, parse_list_query
 
-__all__ = ["MAX_LIMIT", "ApiContext", "iso_utc", "ocsp_json", "record_json", "routes"]
+__all__ = [
+    "MAX_LIMIT",
+    "ApiContext",
+    "iso_utc",
+    "ocsp_json",
+    "record_json",
+    "routes",
+    "token_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +59,19 @@ class ApiContext:
     metrics: Callable[[], Awaitable[bytes]]
     #: opts a name into ACME renewal (service/manage.py); None without an ACME CA
     manage: Callable[[str], Awaitable[Managed]] | None = None
+    #: the audit trail and the per-token counters (api/audit.py)
+    audit: Auditor = field(default_factory=lambda: Auditor(lambda: datetime.now(UTC)))
+    #: the per-token request rates (api/guard.py)
+    limiter: RateLimiter = field(default_factory=RateLimiter)
 
 
 CONTEXT = web.AppKey("certagent_api", ApiContext)
-#: The name of the token that authenticated the request being handled (set by the auth
-#: middleware; each request runs in its own task, hence its own context).
-TOKEN_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("certagent_token", default="?")
+
+
+def token_name() -> str:
+    """The name of the token the request being handled was admitted as (for log lines)."""
+    principal = PRINCIPAL.get()
+    return "?" if principal is None else principal.name
 
 
 def iso_utc(moment: datetime) -> str:
@@ -132,7 +149,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = await _ctx(request).metrics()
+    ctx = _ctx(request)
+    body = await ctx.metrics() + ctx.audit.render()
     response = web.Response(body=body)
     response.headers["Content-Type"] = METRICS_TYPE
     return response
@@ -143,6 +161,8 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def list_certificates(request: web.Request) -> web.Response:
+    """A page of the store's list; a token held to some names sees only certificates whose
+    every name is inside (the page may then hold fewer items: only a null cursor ends it)."""
     query = parse_list_query(request.query)
     page = await _ctx(request).store.list(
         name=query.name,
@@ -150,44 +170,64 @@ async def list_certificates(request: web.Request) -> web.Response:
         cursor=query.cursor,
         limit=query.limit,
     )
+    shown = [r for r in page.records if visible(r.names)]
     return web.json_response(
-        {"items": [record_json(r) for r in page.records], "next_cursor": page.cursor}
+        {"items": [record_json(r) for r in shown], "next_cursor": page.cursor}
     )
 
 
 async def create_certificate(request: web.Request) -> web.Response:
     bundle = await _validated(request)
+    check_names(bundle.names)
     try:
         record = await _ctx(request).store.add(bundle)
     except DuplicateCertificate as exc:
         raise AlreadyStored(str(exc)) from exc
+    note(target=record.id)
     log.info(
         "certificate %s added for %s (token %s)",
         record.id,
         " ".join(record.names),
-        TOKEN_NAME.get(),
+        token_name(),
     )
     return web.json_response(
         record_json(record), status=201, headers={"Location": _location(request, record.id)}
     )
 
 
-async def get_certificate(request: web.Request) -> web.Response:
+async def _stored(request: web.Request, *, write: bool, hint: str = "") -> CertRecord:
+    """The record the path names, if the token may see it (a read) or act on it (a write).
+
+    A read of a record outside the token's names gets the same 404 as a missing one;
+    a write gets 403 forbidden-name.
+    """
     cert_id = request.match_info["id"]
+    note(target=cert_id)
     record = await _ctx(request).store.get(cert_id)
+    if record is not None:
+        if write:
+            check_names(record.names)
+        elif visible(record.names):
+            note(names=record.names)
+        else:
+            record = None
     if record is None:
-        raise NotFound(f"no certificate with id {cert_id[:100]!r}")
-    return web.json_response(record_json(record))
+        raise NotFound(f"no certificate with id {cert_id[:100]!r}{hint}")
+    return record
+
+
+async def get_certificate(request: web.Request) -> web.Response:
+    return web.json_response(record_json(await _stored(request, write=False)))
 
 
 async def replace_certificate(request: web.Request) -> web.Response:
     ctx = _ctx(request)
-    cert_id = request.match_info["id"]
-    if await ctx.store.get(cert_id) is None:  # 404 before reading and validating the body
-        raise NotFound(f"no certificate with id {cert_id[:100]!r}; create it with POST")
+    # 404 (or 403) before reading and validating the body
+    old = await _stored(request, write=True, hint="; create it with POST")
     bundle = await _validated(request)
+    check_names((*old.names, *(n for n in bundle.names if n not in old.names)))
     try:
-        record = await ctx.store.replace(cert_id, bundle)
+        record = await ctx.store.replace(request.match_info["id"], bundle)
     except DuplicateCertificate as exc:
         raise AlreadyStored(str(exc)) from exc
     log.info(
@@ -195,7 +235,7 @@ async def replace_certificate(request: web.Request) -> web.Response:
         record.id,
         record.version,
         " ".join(record.names),
-        TOKEN_NAME.get(),
+        token_name(),
     )
     return web.json_response(
         record_json(record), headers={"Location": _location(request, record.id)}
@@ -205,15 +245,14 @@ async def replace_certificate(request: web.Request) -> web.Response:
 async def put_ocsp(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     cert_id = request.match_info["id"]
-    if await ctx.store.get(cert_id) is None:  # 404 before reading the body
-        raise NotFound(f"no certificate with id {cert_id[:100]!r}")
+    await _stored(request, write=True)  # 404 (or 403) before reading the body
     facts = await ctx.store.put_ocsp(cert_id, await read_ocsp(request), ctx.now())
     log.info(
         "OCSP response (%s, next update %s) stored for %s (token %s)",
         facts.status,
         facts.next_update.isoformat() if facts.next_update else "none",
         cert_id,
-        TOKEN_NAME.get(),
+        token_name(),
     )
     return web.json_response(ocsp_json(cert_id, facts))
 
@@ -230,35 +269,43 @@ def ocsp_json(cert_id: str, facts: OcspFacts) -> dict[str, object]:
 
 async def delete_certificate(request: web.Request) -> web.Response:
     cert_id = request.match_info["id"]
+    if current().grant.limited:  # its names first: 403 for a record outside them
+        await _stored(request, write=True)
+    note(target=cert_id)
     record = await _ctx(request).store.delete(cert_id)
+    note(names=record.names)
     log.info(
         "certificate %s for %s deleted (token %s)",
         record.id,
         " ".join(record.names),
-        TOKEN_NAME.get(),
+        token_name(),
     )
     return web.Response(status=204)
 
 
 async def loaded(request: web.Request) -> web.Response:
+    """What HAProxy holds; a token held to some names sees the slots whose hosts are inside."""
     slots = await _ctx(request).loaded()
+    if current().grant.limited:
+        slots = [s for s in slots if s.hosts and visible(s.hosts)]
     return web.json_response({"items": [_loaded_json(s) for s in slots]})
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: A certificate's URL: ids may hold slashes (directory store), but not end in /ocsp
 CERTIFICATE = r"/v1/certificates/{id:.+(?<!/ocsp)}"
-#: (method, path, handler, route name, needs a token)
-routes: tuple[tuple[str, str, Handler, str, bool], ...] = (
-    ("GET", "/healthz", healthz, "healthz", False),
-    ("GET", "/readyz", readyz, "readyz", False),
-    ("GET", "/v1/openapi.json", openapi, "openapi", False),
-    ("GET", "/metrics", metrics, "metrics", False),
-    ("GET", "/v1/certificates", list_certificates, "certificates", True),
-    ("POST", "/v1/certificates", create_certificate, "certificates", True),
-    ("PUT", "/v1/certificates/{id:.+}/ocsp", put_ocsp, "ocsp", True),
-    ("GET", CERTIFICATE, get_certificate, "certificate", True),
-    ("PUT", CERTIFICATE, replace_certificate, "certificate", True),
-    ("DELETE", CERTIFICATE, delete_certificate, "certificate", True),
-    ("GET", "/v1/loaded", loaded, "loaded", True),
+Route = tuple[str, str, Handler, str, Scope | None]
+#: (method, path, handler, route name, the scope it needs; None: no token needed)
+routes: tuple[Route, ...] = (
+    ("GET", "/healthz", healthz, "healthz", None),
+    ("GET", "/readyz", readyz, "readyz", None),
+    ("GET", "/v1/openapi.json", openapi, "openapi", None),
+    ("GET", "/metrics", metrics, "metrics", None),
+    ("GET", "/v1/certificates", list_certificates, "certificates", Scope.READ),
+    ("POST", "/v1/certificates", create_certificate, "certificates", Scope.CERTIFICATES),
+    ("PUT", "/v1/certificates/{id:.+}/ocsp", put_ocsp, "ocsp", Scope.CERTIFICATES),
+    ("GET", CERTIFICATE, get_certificate, "certificate", Scope.READ),
+    ("PUT", CERTIFICATE, replace_certificate, "certificate", Scope.CERTIFICATES),
+    ("DELETE", CERTIFICATE, delete_certificate, "certificate", Scope.CERTIFICATES),
+    ("GET", "/v1/loaded", loaded, "loaded", Scope.READ),
 )

@@ -18,6 +18,7 @@ from certagent import config
 from certagent.api.body import upload_policy
 from certagent.api.client import ApiBackend
 from certagent.api.problems import AlreadyStored
+from certagent.api.tls import client_context
 from certagent.api.views import ocsp_json, record_json
 from certagent.certs.pem import CertBundle
 from certagent.certs.validate import UploadPolicy, validate_upload
@@ -130,11 +131,25 @@ class StoreBackend:
 def open_backend(args: argparse.Namespace) -> Backend:
     if (args.config is None) == (args.api is None):
         raise ConfigError("give either --config FILE (the store directly) or --api URL")
+    tls_options = (args.api_ca, args.api_client_cert, args.api_client_key)
     if args.api is not None:
+        https = args.api.startswith("https://")
+        if not https and any(o is not None for o in tls_options):
+            raise ConfigError(
+                "--api-ca, --api-client-cert and --api-client-key are for an https:// --api URL"
+            )
+        if args.api_client_key is not None and args.api_client_cert is None:
+            raise ConfigError("--api-client-key goes with --api-client-cert")
         token = args.token or os.environ.get(TOKEN_ENV, "")
-        if not token:
-            raise ConfigError(f"--api needs a token: --token TOKEN or ${TOKEN_ENV}")
-        return ApiBackend(args.api, token)
+        if not token and args.api_client_cert is None:
+            raise ConfigError(
+                f"--api needs a token: --token TOKEN or ${TOKEN_ENV} (or, under mutual TLS, a"
+                " client certificate the agent gives to a token: --api-client-cert)"
+            )
+        tls = client_context(*tls_options) if https else None
+        return ApiBackend(args.api, token, tls=tls)
+    if any(o is not None for o in tls_options):
+        raise ConfigError("--api-ca, --api-client-cert and --api-client-key go with --api URL")
     settings = config.load(args.config)
     store = open_configured(settings)
     keys = store.data_keys()

@@ -63,9 +63,32 @@ def add_cert_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--config", type=Path, metavar="FILE", help="certagent.toml: use its store directly"
     )
     where.add_argument(
-        "--api", metavar="URL", help="a running agent's REST API, e.g. http://127.0.0.1:8089"
+        "--api",
+        metavar="URL",
+        help="a running agent's REST API, e.g. http://127.0.0.1:8089, or https://... when it"
+        " is served over TLS (api_tls_cert)",
     )
     where.add_argument("--token", metavar="TOKEN", help=f"API bearer token (default: ${TOKEN_ENV})")
+    where.add_argument(
+        "--api-ca",
+        type=Path,
+        metavar="FILE",
+        help="https --api: the CA certificates (PEM) to trust for the API's certificate"
+        " (default: the system's)",
+    )
+    where.add_argument(
+        "--api-client-cert",
+        type=Path,
+        metavar="FILE",
+        help="https --api under mutual TLS (api_client_ca): the client certificate (PEM; with"
+        " its key, or give --api-client-key)",
+    )
+    where.add_argument(
+        "--api-client-key",
+        type=Path,
+        metavar="FILE",
+        help="the client certificate's private key (PEM), if not in --api-client-cert",
+    )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 

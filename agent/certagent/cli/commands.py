@@ -207,6 +207,25 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="directory for the unix sockets (default DIR/run)",
     )
+    api = pi.add_argument_group(
+        "the REST API over TLS (docs/api.md); the API itself runs once api_tokens_file is set"
+    )
+    api.add_argument(
+        "--api-tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve the REST API over TLS (1.2+, Mozilla intermediate) with this PEM chain,"
+        " leaf first; the agent re-reads it when it changes",
+    )
+    api.add_argument(
+        "--api-tls-key", type=Path, metavar="FILE", help="the private key of --api-tls-cert (PEM)"
+    )
+    api.add_argument(
+        "--api-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="mutual TLS: API clients must present a certificate signed by a CA in FILE (PEM)",
+    )
     acme = pi.add_argument_group(
         "certificates on demand (ACME, docs/acme.md): a name the store lacks gets one from the CA"
         " on its first connection, if the permission policy allows it"
@@ -414,6 +433,9 @@ def _init(args: argparse.Namespace) -> int:
             http3=args.http3,
             haproxy=args.haproxy,
             http3_max_age=args.http3_max_age,
+            api_tls_cert=args.api_tls_cert,
+            api_tls_key=args.api_tls_key,
+            api_client_ca=args.api_client_ca,
         )
     )
     d = args.directory.absolute()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from certagent import config
+from certagent.api.tls import server_context
 from certagent.certs.keycrypt import KeyRing, generate_key_line
 from certagent.certs.selfsigned import default_certificate
 from certagent.certs.ticketkeys import keys_file, new_ring
@@ -65,6 +66,11 @@ class InitOptions:
     http3: bool = False
     haproxy: str | None = None
     http3_max_age: int | None = None  # None: config.HTTP3_MAX_AGE
+    # the REST API over TLS (docs/api.md): its certificate chain and key, and for mutual
+    # TLS the CA its clients' certificates must come from
+    api_tls_cert: Path | None = None
+    api_tls_key: Path | None = None
+    api_client_ca: Path | None = None
 
 
 @dataclasses.dataclass
@@ -107,6 +113,7 @@ def init(opts: InitOptions) -> InitResult:
             )
     acme = _acme_settings(opts, directory)
     http3_note = _check_http3(opts)
+    api_tls = _api_tls_settings(opts)
     ring: KeyRing | None = None
     if opts.data_key is not None:
         if store.kind != "redis":
@@ -139,6 +146,7 @@ def init(opts: InitOptions) -> InitResult:
         http3=opts.http3,
         http3_max_age=opts.http3_max_age or config.HTTP3_MAX_AGE,
         **acme,
+        **api_tls,
     )  # validates capacity, fallback, hold, the issuance settings ...
     layout = HAProxyLayout(
         cfg_path=directory / "haproxy.cfg",
@@ -308,6 +316,24 @@ def _acme_settings(opts: InitOptions, directory: Path) -> dict[str, Any]:
         if opts.acme_challenge == "http-01"
         else "",
     }
+
+
+def _api_tls_settings(opts: InitOptions) -> dict[str, Any]:
+    """``api_tls_cert``, ``api_tls_key`` (and ``api_client_ca``) as absolute paths, once
+    they load together (ConfigError otherwise); {} without ``--api-tls-cert``."""
+    if (opts.api_tls_cert is None) != (opts.api_tls_key is None):
+        raise ConfigError("--api-tls-cert and --api-tls-key go together: give both")
+    if opts.api_tls_cert is None or opts.api_tls_key is None:
+        if opts.api_client_ca is not None:
+            raise ConfigError("--api-client-ca needs the API served over TLS: add --api-tls-cert")
+        return {}
+    paths = {
+        "api_tls_cert": str(opts.api_tls_cert.absolute()),
+        "api_tls_key": str(opts.api_tls_key.absolute()),
+        "api_client_ca": str(opts.api_client_ca.absolute()) if opts.api_client_ca else "",
+    }
+    server_context(paths["api_tls_cert"], paths["api_tls_key"], paths["api_client_ca"] or None)
+    return paths
 
 
 def _http_bind(opts: InitOptions) -> str:

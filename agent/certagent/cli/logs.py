@@ -4,7 +4,9 @@ Configured once, here, by the command line (nothing else touches the root
 logger).  A warning or error that repeats (same logger, same message
 template) is written once per ``window`` seconds; the next one written says how
 many were held back, so a store that stays down costs one line a minute, not
-one every retry.
+one every retry.  The REST API's audit lines (:mod:`certagent.api.audit`) are
+written as they are, one JSON object per line, in either format, and whatever
+``log_level`` says.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-__all__ = ["FORMATS", "JsonFormatter", "RepeatFilter", "setup"]
+from certagent.api.audit import AUDIT_LOGGER
+
+__all__ = ["FORMATS", "JsonFormatter", "RepeatFilter", "TextFormatter", "setup"]
 
 FORMATS = ("text", "json")
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -27,6 +31,9 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message[, error]."""
 
     def format(self, record: logging.LogRecord) -> str:
+        audit = getattr(record, "audit_line", None)
+        if isinstance(audit, str):
+            return audit
         out: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
@@ -36,6 +43,17 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["error"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``; an audit line as it is (one JSON object)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        audit = getattr(record, "audit_line", None)
+        return audit if isinstance(audit, str) else super().format(record)
 
 
 class RepeatFilter(logging.Filter):
@@ -74,13 +92,15 @@ def _args(record: logging.LogRecord) -> tuple[object, ...]:
 def setup(level: str, fmt: str = "text") -> None:
     """Configure the root logger: ``level``, ``fmt`` (text or json), repeats held back."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # the audit trail is written whatever the level (SIGHUP changes the root's only)
+    logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
     # Neither format shows where a line was logged from, nor its process or thread: not
     # collected, ≈1.7 µs less per line (the Logging HOWTO's "Optimization"); the agent
     # logs one INFO line per certificate it loads.

@@ -129,6 +129,8 @@ def run_upgrade(args: argparse.Namespace, tls: TlsPolicy) -> int:
             ("--acme-directory", args.acme_directory),
             ("--systemd", args.systemd),
             ("--http3", getattr(args, "http3", False)),
+            ("--api-tls-cert", getattr(args, "api_tls_cert", None)),
+            ("--api-client-ca", getattr(args, "api_client_ca", None)),
         )
         if value
     ]

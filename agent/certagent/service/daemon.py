@@ -443,8 +443,12 @@ async def _serve(settings: Settings, stop: asyncio.Event, config_path: Path | No
         metrics=agent.metrics,
         manage=agent.manage if agent.ondemand is not None else None,
     )
+
+    async def all_metrics() -> bytes:  # the agent's, and the REST API's per-token counters
+        return await agent.metrics() + (api.metrics() if api is not None else b"")
+
     metrics = (
-        await start_metrics(settings.metrics_bind, agent.metrics) if settings.metrics_bind else None
+        await start_metrics(settings.metrics_bind, all_metrics) if settings.metrics_bind else None
     )
     loop.add_signal_handler(signal.SIGHUP, _on_hup, settings, config_path, api)
     await agent.control.start()

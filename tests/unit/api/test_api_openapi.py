@@ -213,3 +213,34 @@ def test_docs_list_every_problem_code() -> None:
     rows = re.findall(r"^\| (\d{3}) \| (.+?) \|", docs, flags=re.MULTILINE)
     documented = {code for _, cell in rows for code in re.findall(r"`([a-z-]+)`", cell)}
     assert set(TITLES) <= documented, sorted(set(TITLES) - documented)
+
+
+def test_every_operation_declares_the_scope_the_app_asks_for(tmp_path: Path) -> None:
+    """``security`` names the scope (and ``x-certagent-scope``), as app.SCOPES checks it."""
+    from certagent.api.app import SCOPES
+
+    add_token(tmp_path / "t", "x")
+
+    async def loaded() -> list[Any]:
+        return []
+
+    app = make_app(
+        MemoryStore(),
+        tokens=TokenFile.load(tmp_path / "t"),
+        policy=UploadPolicy(),
+        loaded=loaded,
+        ready=lambda: True,
+    )
+    checked = 0
+    for route in app.router.routes():
+        assert route.resource is not None
+        operation = openapi()["paths"][route.resource.canonical][route.method.lower()]
+        scope = SCOPES.get((route.method, route.name or ""))
+        if scope is None:
+            assert operation["security"] == [], route
+            continue
+        assert operation["security"] == [{"bearer": [scope.value]}], route
+        assert operation["x-certagent-scope"] == scope.value
+        assert {"401", "403", "429"} <= set(operation["responses"]), route
+        checked += 1
+    assert checked == 12

@@ -279,3 +279,22 @@ def test_import_stops_when_the_store_is_gone(
     assert run(["cert", "import", "--config", str(setup.config), str(source)]) == 1
     out = capsys.readouterr().out
     assert "stopped:" in out
+
+
+def test_api_tls_options_go_with_an_https_api(
+    setup: Setup, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate")
+    http = ["cert", "ls", "--api", "http://127.0.0.1:9", "--token", "x"]
+    assert run([*http, "--api-ca", str(ca)]) == 1
+    assert "for an https:// --api URL" in capsys.readouterr().err
+    https = ["cert", "ls", "--api", "https://127.0.0.1:9"]
+    assert run([*https, "--api-client-key", str(ca)]) == 1
+    assert "--api-client-key goes with --api-client-cert" in capsys.readouterr().err
+    assert run([*https, "--api-client-cert", str(tmp_path / "absent.pem")]) == 1
+    assert "cannot use --api-client-cert" in capsys.readouterr().err  # no token needed with one
+    assert run([*https, "--token", "x", "--api-ca", str(ca)]) == 1
+    assert "cannot use --api-ca" in capsys.readouterr().err  # the CA file is no PEM
+    assert run(["cert", "ls", "--config", str(setup.config), "--api-ca", str(ca)]) == 1
+    assert "go with --api URL" in capsys.readouterr().err

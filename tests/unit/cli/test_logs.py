@@ -42,3 +42,14 @@ def test_a_repeated_warning_is_written_once_per_window_then_counted() -> None:
     again = record("store %s down: %s", "r", "refused")
     assert f.filter(again)
     assert again.getMessage() == "store r down: refused (and 5 more like it in the last 60 s)"
+
+
+def test_an_audit_line_is_written_as_it_is_in_either_format() -> None:
+    from certagent.cli.logs import TextFormatter
+
+    line = json.dumps({"audit": True, "token": "panel", "status": 201})
+    audit = logging.LogRecord("certagent.audit", logging.INFO, __file__, 1, "%s", (line,), None)
+    audit.audit_line = line
+    assert JsonFormatter().format(audit) == line == TextFormatter().format(audit)
+    plain = TextFormatter().format(record("store %s down", "x"))
+    assert plain.endswith("WARNING certagent.store: store x down")

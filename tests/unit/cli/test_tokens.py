@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -30,11 +31,39 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, out.out, out.err
 
 
-def test_ls_prints_names_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ls_prints_what_each_token_may_do_never_a_hash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "tokens"
     tokens = [add_token(path, name) for name in ("deploy", "ci", "ops@example.org")]
+    code, out, err = run(
+        ["token", "add", "panel", "--file", str(path), "--scope", "domains", "--scope", "read",
+         "--names", "*.customer.test", "--names", ".example.com", "--expires", "30d",
+         "--rate", "5/s"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    tokens.append(out.strip())
+    assert "domains on *.customer.test,.example.com, until " in err and "5/s" in err
+    code, out, err = run(
+        ["token", "add", "ci-cert", "--file", str(path), "--client-subject", "CN=ci job,O=Ex"],
+        capsys,
+    )
+    assert (code, out) == (0, "")  # no token made, none printed
     code, out, err = run(["token", "ls", "--file", str(path)], capsys)
-    assert (code, out) == (0, "deploy\nci\nops@example.org\n")
+    lines = out.splitlines()
+    assert code == 0 and [line.split("  ")[0] for line in lines] == [
+        "deploy", "ci", "ops@example.org", "panel", "ci-cert"
+    ]  # fmt: skip
+    assert lines[0] == "deploy  admin  *  never  -  -"
+    fields = lines[3].split("  ")
+    assert fields[:3] == ["panel", "read,domains", "*.customer.test,.example.com"]
+    assert fields[3].endswith("Z") and fields[4:] == ["5/s", "-"]
+    assert lines[4] == "ci-cert  admin  *  never  -  CN=ci job,O=Ex"
+    code, out, err = run(["token", "ls", "--file", str(path), "--json"], capsys)
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert listed[3]["names"] == ["*.customer.test", ".example.com"]
+    assert (listed[3]["token"], listed[4]["token"], listed[4]["expired"]) == (True, False, False)
     for token in tokens:
         assert token not in out + err
         assert hash_token(token) not in out + err
