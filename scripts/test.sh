@@ -15,6 +15,11 @@
 # through CERTAGENT_TEST_HAPROXY and names it in its header. Which tests each run leaves out,
 # and why, is in tests/conftest.py (marks no_haproxy, heavy, own_builds and runtime_api).
 #
+# Last, the Docker checks (tests/docker: the images, the compose demo with Compose v1 and
+# v2, scripts/docker-test.sh) when a Docker engine answers or can be started
+# (scripts/docker-engine.sh); otherwise the step says why it did not run.
+# CERTAGENT_TEST_DOCKER=0 leaves them out, =1 makes a missing engine a failure (.ci/run).
+#
 # Every step runs even if an earlier one failed; exits 1 if any failed. Extra arguments go
 # to every pytest run, e.g. `bash scripts/test.sh -k loader -x`; with extra arguments a 3.x
 # run that selects no test is reported and passes. CERTAGENT_TEST_VERSIONS="2.6 3.2" runs
@@ -148,9 +153,35 @@ for version in $VERSIONS; do
     esac
 done
 
+# The Docker checks, last: with an engine that answers, or one scripts/docker-engine.sh starts
+# (and stops by its PID once no run uses it); exit 75 from it means no engine could be had.
+DOCKER_MODE="${CERTAGENT_TEST_DOCKER:-auto}"
+not_run=()
+docker_checks() {
+    local rc=0
+    bash scripts/docker-engine.sh run bash scripts/docker-test.sh "$BIN/pytest" "$@" || rc=$?
+    if [ "$rc" -eq 75 ]; then
+        if [ "$DOCKER_MODE" = 1 ]; then
+            echo "no Docker engine (the reason above), and CERTAGENT_TEST_DOCKER=1 asks for one"
+            return 1
+        fi
+        echo "the Docker checks did NOT run: no Docker engine (the reason above)"
+        not_run+=("the Docker checks (no Docker engine: see their step)")
+        return 0
+    fi
+    return "$rc"
+}
+if [ "$DOCKER_MODE" = 0 ]; then
+    printf '\n== Docker checks: left out (CERTAGENT_TEST_DOCKER=0)\n'
+    not_run+=("the Docker checks (CERTAGENT_TEST_DOCKER=0)")
+else
+    step "Docker checks (tests/docker)" docker_checks "$@"
+fi
+
 echo
 printf 'test.sh: %s\n' "${timings[@]}"
 printf 'test.sh: %d s in all\n' "$((SECONDS - START))"
+[ "${#not_run[@]}" -eq 0 ] || printf 'test.sh: NOT RUN: %s\n' "${not_run[@]}"
 if [ -n "$LATEST" ]; then
     echo "test.sh: the canary ran on the newest releases; what differs from the lock:"
     "$BIN/python" scripts/lockcheck.py --report requirements/test.txt | sed 's/^/test.sh:   /'
