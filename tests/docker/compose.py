@@ -9,7 +9,8 @@ inside the images:
   volumes never meet a demo of the user's, and ``down -v`` can be checked to leave
   none of them behind (found by Compose's labels, which both clients set);
 * host ports chosen free (``CERTAGENT_DEMO_*``, which the compose file reads), still
-  on 127.0.0.1 only;
+  on 127.0.0.1 only, and images tagged for the client (``test-v1``, ``test-v2``) instead of
+  the demo's ``local``;
 * the API token's secret from a file of the test (an override file names it).
 
 Every wait is bounded; a failed wait says what it waited for, with the services' log tails.
@@ -77,6 +78,7 @@ def client_version(command: Sequence[str]) -> str | None:
 class ComposeProject:
     command: tuple[str, ...]  # ("docker-compose",) or ("docker", "compose") or a v2 binary
     workdir: Path
+    tag: str  # the images' tag (CERTAGENT_DEMO_TAG), one per client
     name: str = field(default_factory=lambda: f"certagent-test-{secrets.token_hex(4)}")
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     ports: dict[str, int] = field(default_factory=dict)
@@ -102,6 +104,9 @@ class ComposeProject:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CERTAGENT_DEMO_")}
         env.update({f"CERTAGENT_DEMO_{key}": str(port) for key, port in self.ports.items()})
+        # images of its own per client: v1 (the classic builder) and v2 (BuildKit) keep
+        # separate caches, and a tag one moved would leave the other's cache to be pruned
+        env["CERTAGENT_DEMO_TAG"] = self.tag
         return env
 
     def compose(self, *args: str, timeout: float = 120, check: bool = True) -> str:

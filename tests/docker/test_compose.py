@@ -79,6 +79,7 @@ def clients() -> list[tuple[str, tuple[str, ...]]]:
 def project(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ComposeProject]:
+    kind: str = request.param[0]
     command: tuple[str, ...] = request.param[1]
     if client_version(command) is None:
         pytest.skip(f"no Compose client ({' '.join(command)}): apt-get install docker-compose")
@@ -87,7 +88,7 @@ def project(
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert base.returncode == 0, base.stderr
-    project = ComposeProject(command, tmp_path_factory.mktemp("compose"))
+    project = ComposeProject(command, tmp_path_factory.mktemp("compose"), f"test-{kind}")
     print(f"compose: {client_version(command)}; project {project.name}; {base.stderr.strip()}")
     try:
         project.compose("build", timeout=900)
