@@ -28,11 +28,22 @@ if [ -n "${CERTAGENT_FLEET_KEY:-}" ]; then
     ) 9>"$CERTAGENT_FLEET_KEY.lock"
     join=(--data-key "$CERTAGENT_FLEET_KEY")
 fi
+# Certificates on demand (docs/acme.md) when CERTAGENT_ACME_DIRECTORY names a CA: init adds
+# fe_http (HTTP-01 answers, on CERTAGENT_HTTP_BIND) and the issuance settings. The permission
+# policy comes from the environment too, e.g. CERTAGENT_ACME_ALLOW_SUFFIXES, which the agent
+# reads over certagent.toml (as every CERTAGENT_<KEY>).
+acme=()
+if [ -n "${CERTAGENT_ACME_DIRECTORY:-}" ]; then
+    acme=(--acme-directory "$CERTAGENT_ACME_DIRECTORY")
+    [ -z "${CERTAGENT_ACME_EMAIL:-}" ] || acme+=(--acme-email "$CERTAGENT_ACME_EMAIL")
+    [ -z "${CERTAGENT_ACME_CA_FILE:-}" ] || acme+=(--acme-ca-file "$CERTAGENT_ACME_CA_FILE")
+    [ -z "${CERTAGENT_HTTP_BIND:-}" ] || acme+=(--http-bind "$CERTAGENT_HTTP_BIND")
+fi
 if [ ! -f "$conf/certagent.toml" ]; then
     certagent init "$conf" --bind "${CERTAGENT_BIND:-0.0.0.0:8443}" \
         --store "${CERTAGENT_STORE:-redis://redis:6379/0}" \
         --capacity "${CERTAGENT_CAPACITY:-1000}" --run-dir "${CERTAGENT_RUN_DIR:-/run/certagent}" \
-        "${join[@]}"
+        "${join[@]}" "${acme[@]}"
 fi
 
 # The REST API's token: read from a file (a Docker secret, CERTAGENT_API_TOKEN_FILE) and

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Debian's newer HAProxy builds, made runnable on this Debian 12 host beside its own 2.6,
-# for the version matrix of scripts/test.sh. As root; safe to run again.
+# Debian's HAProxy builds, made runnable on this host beside its own (2.6 on Debian 12, 3.0
+# on Debian 13), for the version matrix of scripts/test.sh. As root; safe to run again.
 #
+#   bookworm      HAProxy 2.6 (Debian 12), OpenSSL 3.0: on a Debian 13 host
 #   trixie        HAProxy 3.0 (Debian 13), OpenSSL 3.5
 #   sid           HAProxy 3.2 (Debian unstable), OpenSSL 3.6
 #   experimental  HAProxy 3.4 (Debian experimental's haproxy package on sid's libraries)
@@ -119,7 +120,7 @@ exec 9>"$CACHE/.lock"
 flock 9
 rc=0
 for suite in "${suites[@]}"; do
-    case "$suite" in trixie | sid | experimental) ;; *) say "unknown suite $suite"; exit 2 ;; esac
+    case "$suite" in bookworm | trixie | sid | experimental) ;; *) say "unknown suite $suite"; exit 2 ;; esac
     if out="$(build "$suite")"; then
         printf '%s %s\n' "$suite" "$out"
     else

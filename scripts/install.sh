@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what certagent needs on a Debian 12 machine, as root; safe to run again.
+# Install what certagent needs on a Debian 12 or 13 machine, as root; safe to run again.
 #
 #   - haproxy, redis-server, openssl and pebble (a test ACME CA) from Debian (apt-get update only when
 #     something is missing). Package scripts are not allowed to start services:
@@ -15,8 +15,9 @@
 #   - with --test on Python 3.11: .venv-lowest, the lock requirements/lowest.txt (the lowest
 #     versions pyproject.toml admits, and mypy), for scripts/test.sh's second mypy run.
 #   - .venv/bin/promtool (tests check the agent's metrics with it): only that file,
-#     taken from Debian's prometheus package with `apt-get download` + dpkg-deb,
-#     so no Prometheus service is installed or started; skipped once it is there.
+#     taken with `apt-get download` + dpkg-deb from Debian's promtool package (Debian 13)
+#     or its prometheus package (Debian 12, where promtool is part of it), so no
+#     Prometheus service is installed or started; skipped once it is there.
 #   - with --test (scripts/test.sh): what only the tests use, from Debian, without
 #     recommended packages: debootstrap and patchelf (scripts/haproxy-versions.sh
 #     makes Debian's HAProxy 3.0, 3.2 and 3.4 runnable here), testssl.sh, chromium and
@@ -207,20 +208,30 @@ if [ -n "$WITH_TEST_TOOLS" ] && [ -z "$LATEST" ]; then
 fi
 
 # --- promtool ------------------------------------------------------------------------
-# One static binary out of Debian's prometheus package (19 MB download, 96 MB installed with
-# a web UI and a service we do not want): `apt-get download` fetches the .deb without
-# installing it, and only ./usr/bin/promtool is extracted from it.
+# One static binary out of a Debian package, without installing the package: `apt-get
+# download` fetches the .deb and only ./usr/bin/promtool is extracted from it. Debian 13 has
+# it in a package of its own (promtool, 8 MB); Debian 12 only inside prometheus (19 MB
+# download, 96 MB installed with a web UI and a service we do not want).
 PROMTOOL="$VENV/bin/promtool"
 
-extract_promtool() {  # $1: an empty work directory; errexit is off in here (called with ||)
+# Which package holds promtool here: promtool where the archive has it, else prometheus
+# (apt-get update first if apt has no package lists, as in a minimal image).
+promtool_package() {
+    if ! apt-cache show prometheus >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || true
+    fi
+    if apt-cache show promtool >/dev/null 2>&1; then echo promtool; else echo prometheus; fi
+}
+
+extract_promtool() {  # $1: an empty work directory, $2: the package; errexit is off in here
     local deb
-    (cd "$1" && apt-get download -q prometheus >/dev/null 2>&1) || {
-        [ "$(id -u)" -eq 0 ] || { say "apt-get download prometheus failed"; return 1; }
-        say "apt-get download prometheus failed; apt-get update first"
+    (cd "$1" && apt-get download -q "$2" >/dev/null 2>&1) || {
+        [ "$(id -u)" -eq 0 ] || { say "apt-get download $2 failed"; return 1; }
+        say "apt-get download $2 failed; apt-get update first"
         DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || return 1
-        (cd "$1" && apt-get download -q prometheus >/dev/null) || return 1
+        (cd "$1" && apt-get download -q "$2" >/dev/null) || return 1
     }
-    deb="$(find "$1" -maxdepth 1 -name 'prometheus_*.deb' -print -quit)"
+    deb="$(find "$1" -maxdepth 1 -name "${2}_*.deb" -print -quit)"
     [ -n "$deb" ] || return 1
     dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$1" ./usr/bin/promtool || return 1
     "$1/usr/bin/promtool" --version >/dev/null 2>&1 || return 1
@@ -230,12 +241,13 @@ extract_promtool() {  # $1: an empty work directory; errexit is off in here (cal
 if [ -x "$PROMTOOL" ]; then
     say "promtool already in .venv/bin"
 else
-    say "promtool: extracting usr/bin/promtool from Debian's prometheus package into .venv/bin"
+    package="$(promtool_package)"
+    say "promtool: extracting usr/bin/promtool from Debian's $package package into .venv/bin"
     work="$(mktemp -d)"
     chmod 755 "$work"  # apt-get download runs as _apt and writes here
     rc=0
-    extract_promtool "$work" || rc=$?
+    extract_promtool "$work" "$package" || rc=$?
     rm -rf "$work"
-    [ "$rc" -eq 0 ] || die "could not get promtool from Debian's prometheus package (apt-get download prometheus)"
+    [ "$rc" -eq 0 ] || die "could not get promtool from Debian's $package package (apt-get download $package)"
 fi
 say "$("$PROMTOOL" --version 2>&1 | head -n 1)"

@@ -4,6 +4,9 @@
 #   requirements/test.txt     the runtime and test dependencies: what scripts/install.sh puts
 #                             in .venv for the README's two commands (runtime + [test])
 #   requirements/runtime.txt  the runtime dependencies only, at the same versions: the image
+#   requirements/build.txt    the build backend (pyproject.toml's [build-system] requires) at
+#                             test.txt's version: the image builds certagent's wheel with it,
+#                             without build isolation (nothing unpinned is fetched to build)
 #   requirements/lowest.txt   the lowest versions pyproject.toml admits of each direct runtime
 #                             dependency, with the locked mypy: scripts/test.sh type-checks
 #                             against it too (Python 3.11), so a floor that is too low shows
@@ -63,12 +66,18 @@ say "requirements/test.txt: runtime + [test], every supported Python"
 say "requirements/runtime.txt: the runtime dependencies at the versions of test.txt"
 "$UV" "${common[@]}" --universal -c requirements/test.txt pyproject.toml -o requirements/runtime.txt
 
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+say "requirements/build.txt: [build-system] requires at the versions of test.txt"
+"$PYTHON" -c 'import sys, tomllib; print(*tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"], sep="\n")' \
+    pyproject.toml >"$work/build.in"
+"$UV" "${common[@]}" --universal -c requirements/test.txt "$work/build.in" -o requirements/build.txt
+sed -i "s|$work/build.in|pyproject.toml's [build-system] requires|" requirements/build.txt
+
 # The lowest versions of the direct dependencies (their own dependencies as they resolve),
 # with the type checker of test.txt: only mypy runs in this environment.
 mypy_pin="$(grep -E '^mypy==' requirements/test.txt | cut -d' ' -f1)"
 [ -n "$mypy_pin" ] || die "requirements/test.txt has no mypy pin"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 printf '%s\n' "$mypy_pin" >"$work/mypy.in"
 say "requirements/lowest.txt: the lowest direct runtime dependencies + $mypy_pin (Python 3.11)"
 "$UV" "${common[@]}" --resolution lowest-direct pyproject.toml "$work/mypy.in" \
@@ -78,4 +87,5 @@ sed -i "s|$work/mypy.in|the locked mypy (scripts/lock.sh)|" requirements/lowest.
 
 say "done: $(grep -cE '^[a-z0-9]' requirements/test.txt) packages in test.txt," \
     "$(grep -cE '^[a-z0-9]' requirements/runtime.txt) in runtime.txt," \
+    "$(grep -cE '^[a-z0-9]' requirements/build.txt) in build.txt," \
     "$(grep -cE '^[a-z0-9]' requirements/lowest.txt) in lowest.txt; review with git diff requirements/"

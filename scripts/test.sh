@@ -8,11 +8,17 @@
 #   3.2  Debian unstable (sid)               the same
 #   3.4  Debian experimental                 the runtime-API integration tests
 #
-# The 3.x binaries come from Debian's packages, made runnable here and cached outside the
-# checkout by scripts/haproxy-versions.sh (the first run builds the cache, ~4 min); pytest
-# picks each through CERTAGENT_TEST_HAPROXY and names it in its header. Which tests each run
-# leaves out, and why, is in tests/conftest.py (marks no_haproxy, heavy, own_builds and
-# runtime_api).
+# The machine's own HAProxy (PATH) runs the whole suite: 2.6 on Debian 12; on Debian 13 it is
+# 3.0, and 2.6 is then Debian 12's package, run like 3.0 above. The other binaries come from
+# Debian's packages, made runnable here and cached outside the checkout by
+# scripts/haproxy-versions.sh (the first run builds the cache, ~4 min); pytest picks each
+# through CERTAGENT_TEST_HAPROXY and names it in its header. Which tests each run leaves out,
+# and why, is in tests/conftest.py (marks no_haproxy, heavy, own_builds and runtime_api).
+#
+# Last, the Docker checks (tests/docker: the images, the compose demo with Compose v1 and
+# v2, scripts/docker-test.sh) when a Docker engine answers or can be started
+# (scripts/docker-engine.sh); otherwise the step says why it did not run.
+# CERTAGENT_TEST_DOCKER=0 leaves them out, =1 makes a missing engine a failure (.ci/run).
 #
 # Every step runs even if an earlier one failed; exits 1 if any failed. Extra arguments go
 # to every pytest run, e.g. `bash scripts/test.sh -k loader -x`; with extra arguments a 3.x
@@ -84,7 +90,7 @@ pytest_on() {
 EXTRA=$#
 
 lint_paths=()
-for path in agent tests bench demo; do
+for path in agent tests bench demo docker; do
     [ -e "$path" ] && lint_paths+=("$path")
 done
 
@@ -99,11 +105,14 @@ fi
 # the layers of pyproject.toml's [tool.importlinter] (which package may import which; no cycles)
 step import-layers "$BIN/lint-imports" --no-cache
 
-declare -A SUITE=([3.0]=trixie [3.2]=sid [3.4]=experimental)
+# the machine's own HAProxy: 2.6 on Debian 12, 3.0 on Debian 13
+OWN="$(haproxy -v 2>/dev/null | sed -n '1s/^HAProxy version \([0-9]*\.[0-9]*\).*/\1/p')"
+declare -A SUITE=([2.6]=bookworm [3.0]=trixie [3.2]=sid [3.4]=experimental)
 declare -A BUILT=()
 wanted=()
 for version in $VERSIONS; do
-    [ "$version" = 2.6 ] || wanted+=("${SUITE[$version]:?unknown version $version (2.6 3.0 3.2 3.4)}")
+    [ -n "${SUITE[$version]:-}" ] || { echo "unknown version $version (2.6 3.0 3.2 3.4)" >&2; exit 2; }
+    [ "$version" = "$OWN" ] || wanted+=("${SUITE[$version]}")
 done
 if [ "${#wanted[@]}" -gt 0 ]; then
     printf '\n== HAProxy builds: scripts/haproxy-versions.sh %s\n' "${wanted[*]}"
@@ -115,11 +124,13 @@ if [ "${#wanted[@]}" -gt 0 ]; then
 fi
 
 for version in $VERSIONS; do
+    if [ "$version" = "$OWN" ]; then
+        step "pytest, HAProxy $version (this machine's, Debian $(. /etc/os-release && echo "$VERSION_ID")): the whole suite" \
+            pytest_on "" "$@"
+        continue
+    fi
     case "$version" in
-        2.6)
-            step "pytest, HAProxy 2.6 (Debian 12): the whole suite" pytest_on "" "$@"
-            ;;
-        3.0 | 3.2)
+        2.6 | 3.0 | 3.2)
             suite="${SUITE[$version]}"
             if [ -z "${BUILT[$suite]:-}" ]; then
                 echo "== HAProxy $version (Debian $suite) could not be built: see above"
@@ -142,9 +153,35 @@ for version in $VERSIONS; do
     esac
 done
 
+# The Docker checks, last: with an engine that answers, or one scripts/docker-engine.sh starts
+# (and stops by its PID once no run uses it); exit 75 from it means no engine could be had.
+DOCKER_MODE="${CERTAGENT_TEST_DOCKER:-auto}"
+not_run=()
+docker_checks() {
+    local rc=0
+    bash scripts/docker-engine.sh run bash scripts/docker-test.sh "$BIN/pytest" "$@" || rc=$?
+    if [ "$rc" -eq 75 ]; then
+        if [ "$DOCKER_MODE" = 1 ]; then
+            echo "no Docker engine (the reason above), and CERTAGENT_TEST_DOCKER=1 asks for one"
+            return 1
+        fi
+        echo "the Docker checks did NOT run: no Docker engine (the reason above)"
+        not_run+=("the Docker checks (no Docker engine: see their step)")
+        return 0
+    fi
+    return "$rc"
+}
+if [ "$DOCKER_MODE" = 0 ]; then
+    printf '\n== Docker checks: left out (CERTAGENT_TEST_DOCKER=0)\n'
+    not_run+=("the Docker checks (CERTAGENT_TEST_DOCKER=0)")
+else
+    step "Docker checks (tests/docker)" docker_checks "$@"
+fi
+
 echo
 printf 'test.sh: %s\n' "${timings[@]}"
 printf 'test.sh: %d s in all\n' "$((SECONDS - START))"
+[ "${#not_run[@]}" -eq 0 ] || printf 'test.sh: NOT RUN: %s\n' "${not_run[@]}"
 if [ -n "$LATEST" ]; then
     echo "test.sh: the canary ran on the newest releases; what differs from the lock:"
     "$BIN/python" scripts/lockcheck.py --report requirements/test.txt | sed 's/^/test.sh:   /'

@@ -86,8 +86,8 @@ def _pins(path: Path) -> dict[str, str]:
 
 
 def test_the_locks_hash_every_pin_and_agree_with_each_other() -> None:
-    test_lock, runtime = REQ / "test.txt", REQ / "runtime.txt"
-    for lock in (test_lock, runtime, REQ / "lowest.txt"):
+    test_lock, runtime, build = REQ / "test.txt", REQ / "runtime.txt", REQ / "build.txt"
+    for lock in (test_lock, runtime, build, REQ / "lowest.txt"):
         text = lock.read_text()
         assert "bash scripts/lock.sh" in text.splitlines()[1], f"{lock} not made by lock.sh"
         blocks = re.split(r"\n(?=[a-z0-9])", text.split("\n", 2)[2])
@@ -96,6 +96,11 @@ def test_the_locks_hash_every_pin_and_agree_with_each_other() -> None:
     full, part = _pins(test_lock), _pins(runtime)
     # the image's runtime lock is the test lock's runtime part, at the same versions
     assert part and all(full[name] == version for name, version in part.items())
+    # and the image builds certagent with [build-system] requires at the test lock's versions
+    backend = _pins(build)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert set(backend) == {Requirement(r).name.lower() for r in requires}
+    assert all(full[name] == version for name, version in backend.items())
 
 
 def test_the_locks_satisfy_pyproject() -> None:

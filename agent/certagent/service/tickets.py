@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 JITTER = 5.0
 #: After a failed rotation or store read, try again this much later.
 RETRY = 30.0
+#: At start, while another agent holds the rotation lock (nodes started together, e.g. by
+#: docker-compose), read the ring again this often, this many times: its rotation takes
+#: milliseconds, and waiting RETRY instead left this node's HAProxy without the fleet's keys
+#: (sessions from the other nodes did not resume) for half a minute.
+BUSY_WAIT = 0.5
+BUSY_TRIES = 20
 
 
 @dataclass
@@ -102,12 +108,27 @@ class TicketKeeper:
         self._adopt(ring)
 
     async def start_quietly(self) -> None:
-        """:meth:`start`, logging a store that cannot answer yet (:meth:`run` retries)."""
-        try:
-            await self.start()
-        except StoreError as exc:
-            self.counters.errors += 1
-            log.warning("ticket keys: %s; retrying in %.0fs", exc, RETRY)
+        """:meth:`start`, logging a store that cannot answer yet (:meth:`run` retries).
+
+        Another agent rotating at this moment is waited out (at most ``BUSY_TRIES`` x
+        ``BUSY_WAIT`` seconds): its ring is the one to start with.
+        """
+        for _ in range(BUSY_TRIES):
+            try:
+                await self.start()
+                return
+            except RotationInProgress:
+                await asyncio.sleep(BUSY_WAIT)
+            except StoreError as exc:
+                self.counters.errors += 1
+                log.warning("ticket keys: %s; retrying in %.0fs", exc, RETRY)
+                return
+        self.counters.errors += 1
+        log.warning(
+            "ticket keys: another agent held the rotation lock for %.0fs; retrying in %.0fs",
+            BUSY_TRIES * BUSY_WAIT,
+            RETRY,
+        )
 
     async def rotate_now(self) -> TicketRing:
         """Rotate at once (``certagent tls-keys rotate``) and push the new ring."""

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urlsplit
 
 from certagent.errors import ConfigError
 
@@ -39,6 +39,22 @@ _EXAMPLES = (
     "redis+sentinel://host:26379[,host:port...]/service[/db], "
     "redis+cluster://host:7000[,host:port...], file:///etc/certagent/certs or a directory path"
 )
+
+
+def _urlsplit(url: str) -> SplitResult:
+    """``urlsplit``, also for a list of nodes with bracketed IPv6 ones (``h:1,[::1]:2``).
+
+    Python 3.12 and later refuse a netloc with anything before its ``[`` (gh-103848), which
+    a Sentinel or Cluster URL's list of nodes has ("Invalid IPv6 URL"; Debian 13 runs 3.13).
+    The list is split with a placeholder host and put back: callers get the netloc 3.11 gave.
+    """
+    scheme, sep, rest = url.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, hosts = rest[:cut].rpartition("@")
+    if not sep or "," not in hosts:
+        return urlsplit(url)
+    parts = urlsplit(f"{scheme}{sep}{userinfo}{at}nodes.invalid{rest[cut:]}")
+    return parts._replace(netloc=f"{userinfo}{at}{hosts}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ def parse_store_url(url: str) -> StoreUrl:
         path = Path(url).expanduser().absolute()
         return StoreUrl("directory", f"file://{path}", None, path)
     scheme = scheme.lower()
-    parts = urlsplit(url)
+    parts = _urlsplit(url)
     if scheme in _REDIS_SCHEMES:
         password = parts.password
         query = parse_qsl(parts.query, keep_blank_values=True)
@@ -111,7 +127,7 @@ def parse_store_url(url: str) -> StoreUrl:
 
 def with_password(url: str, password: str) -> str:
     """``url`` (a Redis URL without password) with ``password`` put back."""
-    parts = urlsplit(url)
+    parts = _urlsplit(url)
     if parts.scheme.lower() == "unix":
         glue = "&" if parts.query else "?"
         return f"{url}{glue}{urlencode({'password': password})}"
@@ -123,7 +139,7 @@ def with_password(url: str, password: str) -> str:
 
 def with_sentinel_password(url: str, password: str) -> str:
     """``url`` (a ``redis+sentinel://`` URL) with the sentinels' own ``password`` added."""
-    glue = "&" if urlsplit(url).query else "?"
+    glue = "&" if _urlsplit(url).query else "?"
     return f"{url}{glue}{urlencode({'sentinel_password': password})}"
 
 
@@ -144,7 +160,7 @@ class HaUrl:
 
 def parse_ha_url(url: str, shown: str) -> HaUrl:
     """Take a Sentinel or Cluster URL apart; ConfigError naming ``shown`` if it is wrong."""
-    parts = urlsplit(url)
+    parts = _urlsplit(url)
     scheme = parts.scheme.lower()
     hosts = parts.netloc.rpartition("@")[2]
     nodes: list[tuple[str, int]] = []
@@ -214,7 +230,7 @@ _SECRET_PARAMS = ("password", "sentinel_password")
 
 def redact_url(url: str) -> str:
     """``url`` with any password (userinfo, ``?password=``, ``?sentinel_password=``) as ``***``."""
-    parts = urlsplit(url)
+    parts = _urlsplit(url)
     netloc = parts.netloc
     if parts.password is not None:
         user = parts.username or ""

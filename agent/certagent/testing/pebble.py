@@ -84,6 +84,12 @@ def _endpoint_pki(workdir: Path) -> tuple[Path, Path, Path]:
             critical=False,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        # Python 3.13's default context verifies strictly (VERIFY_X509_STRICT): a leaf
+        # without an Authority Key Identifier fails ("Missing Authority Key Identifier")
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
         .sign(ca.key, hashes.SHA256())
     )
     paths = workdir / "endpoint-ca.pem", workdir / "endpoint-cert.pem", workdir / "endpoint-key.pem"

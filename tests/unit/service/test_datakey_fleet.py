@@ -14,8 +14,8 @@ from certagent.certs.keycrypt import KeyRing, generate_key_line, held_ids, key_f
 from certagent.certs.pem import CertBundle, parse_bundle
 from certagent.certs.validate import UploadPolicy
 from certagent.cli.backends import StoreBackend
-from certagent.cli.statustext import _print_data_keys
 from certagent.cli.importer import import_certificates
+from certagent.cli.statustext import _print_data_keys
 from certagent.errors import ConfigError, ForeignDataKey, StoreUnavailable
 from certagent.service import datakey
 from certagent.service.datakey import Announcer, FleetKeys, foreign_key, key_checked

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from certagent.certs.ticketkeys import fresh_key, keys_file
-from certagent.errors import StoreCorrupt
+from certagent.errors import RotationInProgress, StoreCorrupt
 from certagent.runtime.client import Command
+from certagent.service import tickets
 from certagent.service.tickets import TicketKeeper
 from certagent.store.directory import LocalRing
 
@@ -145,3 +146,48 @@ async def test_a_corrupt_local_ring_says_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "tickets" / "ring.json").write_text('{"generation": 2, "keys": ["x"]}')
     with pytest.raises(StoreCorrupt, match="delete it"):
         await keeper.start()
+
+
+class BusyRing(LocalRing):
+    """A store whose rotation lock another agent holds for ``busy`` attempts, then its ring."""
+
+    def __init__(self, path: Path, other: TicketKeeper, busy: int) -> None:
+        super().__init__(path)
+        self.other, self.busy, self.refused = other, busy, 0
+
+    async def rotate(self, expected: Any, make: Any) -> Any:
+        if self.refused < self.busy:
+            self.refused += 1
+            if self.refused == self.busy:  # the other agent's rotation ends now
+                await self.other.start()
+            raise RotationInProgress("another agent is rotating the ticket keys")
+        return await super().rotate(expected, make)
+
+
+async def test_a_node_starting_with_another_takes_its_ring_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two nodes started together: one holds the rotation lock while it makes the ring; the
+    # other must start with that ring, not with none for RETRY seconds (its HAProxy would
+    # keep its own keys, and sessions from the first node would not resume there)
+    monkeypatch.setattr(tickets, "BUSY_WAIT", 0.0)
+    first, _, clock = make(tmp_path)
+    store = BusyRing(tmp_path / "tickets" / "ring.json", first, busy=3)
+    second = TicketKeeper(store, tmp_path / "second.keys", 3600.0, first.loader, clock=clock)
+    await second.start_quietly()
+    assert store.refused == 3 and second.counters.errors == 0
+    assert second.ring is not None and second.ring == first.ring
+    assert second.counters.rotations == 0
+
+
+async def test_a_rotation_lock_held_past_the_bound_is_said_and_left_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tickets, "BUSY_WAIT", 0.0)
+    first, _, clock = make(tmp_path)
+    store = BusyRing(tmp_path / "tickets" / "ring.json", first, busy=10**6)
+    second = TicketKeeper(store, tmp_path / "second.keys", 3600.0, first.loader, clock=clock)
+    with caplog.at_level(logging.WARNING):
+        await second.start_quietly()
+    assert store.refused == tickets.BUSY_TRIES and second.ring is None
+    assert second.counters.errors == 1 and "held the rotation lock" in caplog.text

@@ -8,7 +8,7 @@ import redis.exceptions
 from certagent.errors import ConfigError, StoreError, StoreUnavailable
 from certagent.store import open_store, parse_store_url
 from certagent.store.redis._connection import redis_errors
-from certagent.store.url import parse_ha_url, redact_url
+from certagent.store.url import parse_ha_url, redact_url, with_password, with_sentinel_password
 
 
 def test_sentinel_url_parts() -> None:
@@ -16,6 +16,22 @@ def test_sentinel_url_parts() -> None:
     assert ha.kind == "sentinel" and ha.service == "mymaster" and ha.db == 3
     assert ha.nodes == (("10.0.0.1", 26379), ("::1", 26380))
     assert (ha.username, ha.password) == ("ops", "p@ss")
+
+
+def test_a_node_list_with_ipv6_nodes_passes_every_url_helper() -> None:
+    # Python 3.12+ urlsplit refuses text before a '[' in the netloc ("Invalid IPv6 URL"), as
+    # in a list of nodes: on Debian 13 (3.13) these raised ValueError instead of working
+    nodes = "h1:26379,[2001:db8::1]:26379,[::1]:26380"
+    url = f"redis+sentinel://ops:s3cret@{nodes}/mymaster?sentinel_auth=yes"
+    parsed = parse_store_url(url)
+    assert parsed.url == f"redis+sentinel://ops@{nodes}/mymaster?sentinel_auth=yes"
+    assert parsed.password == "s3cret"
+    assert redact_url(url) == url.replace(":s3cret@", ":***@")
+    ha = parse_ha_url(with_password(parsed.url, "s3cret"), "x")
+    assert ha.password == "s3cret" and ha.username == "ops" and ha.sentinel_auth
+    assert ha.nodes == (("h1", 26379), ("2001:db8::1", 26379), ("::1", 26380))
+    joined = with_sentinel_password("redis+cluster://h1:7000,[::1]:7001", "pw")
+    assert joined == "redis+cluster://h1:7000,[::1]:7001?sentinel_password=pw"
 
 
 def test_cluster_url_parts() -> None:
