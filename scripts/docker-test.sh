@@ -20,8 +20,8 @@ v2="$(bash scripts/docker-engine.sh compose-v2)" || {
     v2=""
     [ "${CERTAGENT_TEST_DOCKER:-}" != 1 ] || rc=1  # .ci/run: both clients, or a failure
 }
-printf '== CERTAGENT_TEST_DOCKER=1 CERTAGENT_TEST_COMPOSE_V2=%s pytest -n 0 tests/docker %s\n' "$v2" "$*"
-CERTAGENT_TEST_DOCKER=1 CERTAGENT_TEST_COMPOSE_V2="$v2" \
+printf '== CERTAGENT_DOCKER_STEP=1 CERTAGENT_TEST_COMPOSE_V2=%s pytest -n 0 tests/docker %s\n' "$v2" "$*"
+CERTAGENT_DOCKER_STEP=1 CERTAGENT_TEST_COMPOSE_V2="$v2" \
     "$PYTEST" -n 0 --durations=5 tests/docker "$@" || {
     status=$?
     # pytest's 5: the caller's arguments selected no test here (as test.sh's 3.x runs)

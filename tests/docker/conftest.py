@@ -1,8 +1,9 @@
-"""The Docker checks run only where asked: ``CERTAGENT_TEST_DOCKER=1``.
+"""The Docker checks run only in their own step: ``CERTAGENT_DOCKER_STEP=1``.
 
-``scripts/test.sh``'s compose step sets it, with an engine from
-``scripts/docker-engine.sh``; every other pytest run (the version matrix) skips these
-tests with the reason, so a run without Docker neither fails nor waits on a build.
+``scripts/docker-test.sh`` (``scripts/test.sh``'s Docker step) sets it once
+``scripts/docker-engine.sh`` has an engine running; every other pytest run (the version
+matrix, the canary) skips these tests with the reason, whatever ``CERTAGENT_TEST_DOCKER``
+says, so a run without Docker neither fails nor waits on a build.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from tests.docker.compose import engine_answers
 
 @pytest.fixture(scope="session", autouse=True)
 def _docker_checks_asked_for() -> None:
-    if not os.environ.get("CERTAGENT_TEST_DOCKER"):
-        pytest.skip(
-            "the Docker checks run in scripts/test.sh's compose step (CERTAGENT_TEST_DOCKER=1)"
-        )
+    if os.environ.get("CERTAGENT_DOCKER_STEP") != "1":
+        pytest.skip("the Docker checks run in scripts/test.sh's Docker step (docker-test.sh)")
     why = engine_answers()
     if why is not None:
-        pytest.fail(f"CERTAGENT_TEST_DOCKER is set but no Docker engine answers ({why})")
+        pytest.fail(f"the Docker step runs, but no Docker engine answers ({why})")

@@ -7,8 +7,9 @@ and the seeding container up, and the tests check what the README promises, thro
 ports published on 127.0.0.1 only. The last test takes the project down with ``down -v``
 and finds no container, network or volume of it left.
 
-Run by ``scripts/test.sh``'s compose step (``CERTAGENT_TEST_DOCKER=1``; the engine comes
-from ``scripts/docker-engine.sh``), never by the version matrix's pytest runs.
+Run by ``scripts/test.sh``'s Docker step (``scripts/docker-test.sh`` sets
+``CERTAGENT_DOCKER_STEP=1``; the engine comes from ``scripts/docker-engine.sh``), never by
+the version matrix's pytest runs.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ FIRST_CONNECTION_TIMEOUT = 20.0
 
 def clients() -> list[tuple[str, tuple[str, ...]]]:
     """The Compose clients here, one of each kind: ("v1", command), ("v2", command)."""
-    if not os.environ.get("CERTAGENT_TEST_DOCKER"):
+    if os.environ.get("CERTAGENT_DOCKER_STEP") != "1":
         return [("v1", ("docker-compose",))]  # skipped anyway (conftest.py): ask nothing
     candidates: list[tuple[str, ...]] = [("docker-compose",), ("docker", "compose")]
     if os.environ.get("CERTAGENT_TEST_COMPOSE_V2"):
