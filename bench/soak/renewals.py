@@ -1,0 +1,130 @@
+"""At the end: orders at the CA against issuances and renewals due, late and overdue counts.
+
+Each on-demand name renews every ``lifetime x fraction`` (:func:`lifetime_fraction`:
+one half under 10 days) counted from its first certificate's notBefore (jitter moves
+each renewal by up to 5 % of the lifetime either way, which averages out over names):
+``renewals_due_estimate`` = sum over names of floor((end - notBefore) / period).  Every
+order pebble created (its log, across CA restarts) counts, failed ones too.
+
+Overdue: the agents' own count (``status``: entries more than ``renew_overdue_grace``,
+1 h by default, past their time) and the schedule read straight from the store with a
+grace of a tenth of the lifetime (30 s for 300 s certificates; at least 15 s, a
+``renew_tick`` and an order), which is what "late"
+means for certificates that live minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench.soak.warmup import FirstCert
+from certagent.service.renewtime import lifetime_fraction
+from certagent.testing import RedisFixture, Stack, StackError
+from certagent.testing.pebble import Pebble
+
+OVERDUE_GRACE_SHARE = 0.1
+OVERDUE_GRACE_MIN = 15.0  # s: a renew_tick (10 s) and an order
+LISTED = 20
+#: substrings of the agents' WARNING lines about renewals behind their time
+LOG_MARKERS = {"late": " is late (due since", "overdue": "overdue", "failing": "failing ("}
+
+
+def due_estimate(first: Sequence[FirstCert], end: float) -> dict[str, Any]:
+    renewals = 0
+    periods = []
+    for cert in first:
+        lifetime = cert.not_after - cert.not_before
+        period = lifetime * lifetime_fraction(lifetime)
+        periods.append(period)
+        renewals += max(0, math.floor((end - cert.not_before) / period))
+    return {
+        "issuances": len(first),
+        "renewals_due_estimate": renewals,
+        "orders_expected": len(first) + renewals,
+        "renewal_period_s": round(sum(periods) / len(periods), 1) if periods else None,
+    }
+
+
+def agent_status(stacks: Sequence[Stack]) -> list[dict[str, Any]]:
+    """Each node's ``status`` renewal section (whatever keys it has), or the error."""
+    out: list[dict[str, Any]] = []
+    for i, stack in enumerate(stacks):
+        try:
+            status = stack.status()
+        except (OSError, ValueError, StackError) as exc:
+            out.append({"node": i, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        issuance = status.get("issuance") or {}
+        out.append({"node": i, "renewal": issuance.get("renewal")})
+    return out
+
+
+def log_warnings(stacks: Sequence[Stack]) -> dict[str, int]:
+    """WARNING lines of every agent's log (all its runs) about late, overdue, failing renewals."""
+    counts = dict.fromkeys(LOG_MARKERS, 0)
+    for stack in stacks:
+        for line in stack.agent_log().splitlines():
+            if "WARNING" not in line or "renew" not in line:
+                continue
+            for key, marker in LOG_MARKERS.items():
+                counts[key] += marker in line
+    return counts
+
+
+def schedule_overdue(store: RedisFixture, grace: float) -> dict[str, Any]:
+    """Entries in the store's schedule more than ``grace`` s past their renewal time."""
+
+    async def read() -> dict[str, Any]:
+        opened = store.open()
+        try:
+            renewals = opened.issuance().renewals
+            now = time.time()
+            scheduled, due = await renewals.count(now)
+            _, overdue = await renewals.count(now - grace)
+            listed = await renewals.due(now - grace, LISTED) if overdue else []
+        finally:
+            await opened.close()
+        return {
+            "grace_s": grace,
+            "scheduled": scheduled,
+            "due": due,
+            "overdue": overdue,
+            "overdue_names": [
+                {"name": e.name, "late_s": round(now - e.renew_at, 1)} for e in listed
+            ],
+        }
+
+    return asyncio.run(read())
+
+
+def account(
+    stacks: Sequence[Stack],
+    pebble: Pebble,
+    store: RedisFixture,
+    first: Sequence[FirstCert],
+    lifetime: float,
+    end: float,
+) -> dict[str, Any]:
+    estimate = due_estimate(first, end)
+    orders = pebble.orders()
+    expected = estimate["orders_expected"]
+    return {
+        "orders": orders,
+        "certificates_issued": pebble.certificates(),
+        **estimate,
+        "orders_over_expected": round(orders / expected, 3) if expected else None,
+        "renewals_over_due": (
+            round((orders - len(first)) / estimate["renewals_due_estimate"], 3)
+            if estimate["renewals_due_estimate"]
+            else None
+        ),
+        "status": agent_status(stacks),
+        "log_warnings": log_warnings(stacks),
+        "overdue_at_end": schedule_overdue(
+            store, max(OVERDUE_GRACE_MIN, OVERDUE_GRACE_SHARE * lifetime)
+        ),
+    }
