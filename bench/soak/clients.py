@@ -32,7 +32,7 @@ from certagent.testing import Stack, tlsclient
 OUTCOMES = ("ok", "expired", "wrong", "failed")
 X509_V_ERR_CERT_HAS_EXPIRED = 10
 HANDSHAKE_TIMEOUT = 15.0  # above the Lua hold of a first connection
-BAD_KEPT = 60  # examples of bad handshakes kept for the report
+BAD_KEPT = 10  # examples of bad handshakes kept for the report, per outcome x disruption
 
 
 class Trust:
@@ -102,6 +102,7 @@ class Tally:
     per_node: Counter[tuple[int, str]] = field(default_factory=Counter)
     defaults: Counter[str] = field(default_factory=Counter)  # wrong that were default, by kind
     bad: list[dict[str, Any]] = field(default_factory=list)
+    kept: Counter[tuple[str, str]] = field(default_factory=Counter)
     bad_total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -113,7 +114,8 @@ class Tally:
                 self.defaults[during] += 1
             if result.outcome != "ok":
                 self.bad_total += 1
-                if len(self.bad) < BAD_KEPT:
+                if self.kept[result.outcome, during] < BAD_KEPT:
+                    self.kept[result.outcome, during] += 1
                     self.bad.append(
                         {
                             "t_s": round(start - self.t0, 2),

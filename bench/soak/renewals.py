@@ -10,7 +10,9 @@ Overdue: the agents' own count (``status``: entries more than ``renew_overdue_gr
 1 h by default, past their time) and the schedule read straight from the store with a
 grace of a tenth of the lifetime (30 s for 300 s certificates; at least 15 s, a
 ``renew_tick`` and an order), which is what "late"
-means for certificates that live minutes.
+means for certificates that live minutes; and the entries whose certificate has
+expired while waiting (a failed renewal is rescheduled to its retry, which may fall
+after the expiry: such an entry is not "overdue" by its time, but it is behind).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from certagent.testing.pebble import Pebble
 OVERDUE_GRACE_SHARE = 0.1
 OVERDUE_GRACE_MIN = 15.0  # s: a renew_tick (10 s) and an order
 LISTED = 20
+FAR = 10 * 365 * 86400.0  # s: "every entry" as a range read
 #: substrings of the agents' WARNING lines about renewals behind their time
 LOG_MARKERS = {"late": " is late (due since", "overdue": "overdue", "failing": "failing ("}
 
@@ -86,13 +89,21 @@ def schedule_overdue(store: RedisFixture, grace: float) -> dict[str, Any]:
             scheduled, due = await renewals.count(now)
             _, overdue = await renewals.count(now - grace)
             listed = await renewals.due(now - grace, LISTED) if overdue else []
+            # every entry (a soak has hundreds): whose certificate expired while it waited
+            entries = await renewals.due(now + FAR, max(1, scheduled))
         finally:
             await opened.close()
+        expired = [e for e in entries if 0 < e.not_after <= now]
         return {
             "grace_s": grace,
             "scheduled": scheduled,
             "due": due,
             "overdue": overdue,
+            "expired": len(expired),
+            "expired_names": [
+                {"name": e.name, "expired_s_ago": round(now - e.not_after, 1)}
+                for e in expired[:LISTED]
+            ],
             "overdue_names": [
                 {"name": e.name, "late_s": round(now - e.renew_at, 1)} for e in listed
             ],

@@ -17,7 +17,8 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     expired = sum(table["expired"].values())
     wrong_outside = sum(n for k, n in table["wrong"].items() if k != AGENT_DOWN)
     failed_outside = sum(n for k, n in table["failed"].items() if k != AGENT_DOWN)
-    overdue_store = renewal["overdue_at_end"]["overdue"]
+    at_end = renewal["overdue_at_end"]
+    overdue_store = at_end["overdue"] + at_end["expired"]
     overdue_status = sum((s.get("renewal") or {}).get("overdue", 0) or 0 for s in renewal["status"])
     ratio = renewal["orders_over_expected"]
     checks = {
@@ -84,7 +85,8 @@ def markdown(result: dict[str, Any]) -> str:
         f" ({ren['issuances']} issuances + {ren['renewals_due_estimate']} renewals due, one every"
         f" {ren['renewal_period_s']} s per name): ratio {ren['orders_over_expected']}."
         f" Overdue at the end (grace {ren['overdue_at_end']['grace_s']} s):"
-        f" {ren['overdue_at_end']['overdue']}. Agent warnings: {ren['log_warnings']}.",
+        f" {ren['overdue_at_end']['overdue']}, expired while scheduled"
+        f" {ren['overdue_at_end']['expired']}. Agent warnings: {ren['log_warnings']}.",
         "",
         "## Processes",
         "",
