@@ -17,8 +17,7 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     expired = sum(table["expired"].values())
     wrong_outside = sum(n for k, n in table["wrong"].items() if k != AGENT_DOWN)
     failed_outside = sum(n for k, n in table["failed"].items() if k != AGENT_DOWN)
-    at_end = renewal["overdue_at_end"]
-    overdue_store = at_end["overdue"] + at_end["expired"]
+    overdue_store = renewal["overdue_at_end"]["behind"]  # overdue or expired, each name once
     overdue_status = sum((s.get("renewal") or {}).get("overdue", 0) or 0 for s in renewal["status"])
     ratio = renewal["orders_over_expected"]
     checks = {
