@@ -261,6 +261,22 @@ def _renewal(st: Mapping[str, Any]) -> Iterator[Metric]:
         ("failing", "Names whose last renewal on this node failed"),
     ):
         yield _gauge(f"certagent_renewals_{key}", doc, st[key])
+    yield _gauge(
+        "certagent_renewal_pace",
+        "Renewals this node completed a second, over the last five minutes",
+        st["pace"],
+    )
+    if st["clear_seconds"] is not None:
+        yield _gauge(
+            "certagent_renewal_clear_seconds",
+            "The due names over this node's pace: seconds to clear the backlog (at most)",
+            st["clear_seconds"],
+        )
+    yield _gauge(
+        "certagent_renewal_concurrency",
+        "Renewals this node runs at once now (renew_concurrency; acme_concurrency when late)",
+        st["concurrency"],
+    )
     done = CounterMetricFamily(
         "certagent_renewals", "Renewals this node attempted, by result", labels=["result"]
     )
