@@ -26,6 +26,7 @@ from cryptography import x509
 
 from certagent.acme.ari import cert_id
 from certagent.api import add_token
+from certagent.service.renewtime import LEASE_FLOOR
 from certagent.testing import RedisFixture, Stack, tlsclient, wait_for
 from certagent.testing.acmeproxy import AcmeProxy
 from certagent.testing.askendpoint import AskEndpoint
@@ -313,7 +314,9 @@ def test_a_node_killed_holding_renewal_leases_leaves_them_to_another_after_expir
 ) -> None:
     """Node A's CA hangs (a black hole), so A holds its leases mid-renewal when it dies.
 
-    Certificates of 90 s: the leases A took (30 s) lapse well before they expire.
+    Certificates of 90 s: the leases A took lapse well before they expire (20 s: a
+    renewal's lease scales with what is left of the certificate, at least
+    ``LEASE_FLOOR``; the settings' lease would be 30 s).
     Orders may take 15 s here: the dead node counts as alive (its last heartbeat)
     for up to 30 s, and an order waits up to 5 s for every live node to serve its
     challenge (``ACK_WAIT``) before the CA is told to validate.
@@ -327,7 +330,8 @@ def _killed_node(
 ) -> None:
     root = trust(pebble, tmp_path)
     names = [f"k{i}.renew.test" for i in range(3)]
-    lease_seconds = 15 + 15  # acme_order_timeout + 15
+    # scaled to the ~85 s left (RenewPolicy.scaled): the floor, below acme_order_timeout + 15
+    lease_seconds = LEASE_FLOOR
     with AskEndpoint(allow=lambda name: name.endswith(".renew.test")) as ask, BlackHole() as hole:
         slow = {"CERTAGENT_ACME_ORDER_TIMEOUT": "15"}
         off = {**slow, "CERTAGENT_RENEW_TICK": "0"}  # until A holds the leases
