@@ -82,6 +82,15 @@ class _Snapshot(Collector):
         for key, outcome in _OUTCOMES.items():
             outcomes.add_metric([outcome], ensure[key])
         yield outcomes
+        busy = CounterMetricFamily(
+            "certagent_ensure_busy",
+            "Hosts given the fallback because no certificate could be loaded within the hold,"
+            " by the limit hit (queue, hold, slots, load, lookups, filter, issuing)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(ensure.get("busy_by_reason", {}).items()):
+            busy.add_metric([reason], count)
+        yield busy
         yield _counter(
             "certagent_store_lookups", "Store lookups for new hosts", ensure["store_lookups"]
         )
