@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -202,6 +203,21 @@ def test_each_certificate_is_renewed_once_and_swapped_on_every_node_without_a_bl
         assert sorted(n for r in listed for n in r["names"]) == sorted(names)
         renewal = nodes[0].status()["issuance"]["renewal"]
         assert renewal["scheduled"] == len(names) and renewal["overdue"] == 0
+        # the pace: each node's own, and the fleet's from every node's beat (20 s apart)
+        paces = [s.status()["issuance"]["renewal"]["pace"] for s in nodes]
+        assert sum(p > 0 for p in paces) >= 1 and all(p >= 0 for p in paces), paces
+
+        def fleet_pace() -> dict[str, Any] | None:
+            rn: dict[str, Any] = nodes[0].status()["issuance"]["renewal"]
+            return rn if rn["fleet_pace"] > 0 and rn["fleet_renewing_nodes"] == 3 else None
+
+        rn = wait_for(fleet_pace, 30, "the fleet's pace from the nodes' beats")
+        assert rn["backlog"] == 0 and rn["fleet_clear_seconds"] == 0.0
+        shown = nodes[0].cli("status").stdout
+        assert "renewals a minute here" in shown and "renewing node(s)" in shown, shown
+        board = json.loads(nodes[0].command("fleet", "status", "--json").stdout)
+        assert all(n["renew_pace"] is not None for n in board["nodes"]), board  # all 3 renew
+        assert sum(n["renew_pace"] for n in board["nodes"]) > 0, board
 
 
 # --- opting an imported certificate in ------------------------------------------------------

@@ -281,6 +281,12 @@ def _renewal(st: Mapping[str, Any]) -> Iterator[Metric]:
             "The due names over this node's pace: seconds to clear the backlog (at most)",
             st["clear_seconds"],
         )
+    if st.get("fleet_pace") is not None:
+        yield _gauge(
+            "certagent_renewal_fleet_pace",
+            "Renewals a second of every running node that renews (their last beats)",
+            st["fleet_pace"],
+        )
     yield _gauge(
         "certagent_renewal_concurrency",
         "Renewals this node runs at once now (renew_concurrency; acme_concurrency when late)",

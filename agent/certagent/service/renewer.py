@@ -449,12 +449,15 @@ class Renewer:
         window = min(PACE_WINDOW, max(1.0, now - self._began))
         return len(self._renewed) / window
 
-    async def status(self) -> dict[str, object]:
+    async def status(self, fleet: tuple[float, int] | None = None) -> dict[str, object]:
         """Schedule counts (two O(log M) store reads), the pace, failing and overdue names.
 
         ``backlog`` is the fleet's due names; ``pace`` this node's renewals a second
         (last five minutes); ``clear_seconds`` the backlog over that pace (None when
         nothing is renewing here), an upper bound when other nodes renew too.
+        ``fleet``: (renewals a second, renewing nodes) of the whole fleet, from its
+        board (:meth:`~certagent.service.fleet.Presence.fleet_pace`): adds
+        ``fleet_pace``, ``fleet_renewing_nodes`` and ``fleet_clear_seconds``.
         """
         now = self._clock()
         grace = self.settings.overdue_grace
@@ -462,15 +465,20 @@ class Renewer:
         _, overdue = await self.renewals.count(now - grace)
         listed = await self.renewals.due(now - grace, OVERDUE_LISTED) if overdue else []
         pace = self.pace()
-        clear: float | None = 0.0
-        if due:
-            clear = due / pace if pace > 0 else None
+        extra: dict[str, object] = {}
+        if fleet is not None:
+            extra = {
+                "fleet_pace": round(fleet[0], 6),
+                "fleet_renewing_nodes": fleet[1],
+                "fleet_clear_seconds": _clear(due, fleet[0]),
+            }
+        clear = _clear(due, pace)
         return {
             "scheduled": scheduled,
             "due": due,
             "backlog": due,
             "pace": round(pace, 6),
-            "clear_seconds": None if clear is None else round(clear, 1),
+            "clear_seconds": clear,
             "late": self._late,
             "concurrency": self.concurrency,
             "overdue": overdue,
@@ -497,6 +505,7 @@ class Renewer:
             **vars(self.counters),
             "renew_seconds": self.renew_seconds.snapshot(),
             "tick_seconds": self.settings.tick,
+            **extra,
         }
 
     def failing_for(self, name: str) -> Failing | None:
@@ -507,6 +516,13 @@ class Renewer:
         for task in list(self._running.values()):
             task.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+
+def _clear(backlog: int, pace: float) -> float | None:
+    """Seconds to clear ``backlog`` at ``pace`` a second; None without a pace."""
+    if not backlog:
+        return 0.0
+    return round(backlog / pace, 1) if pace > 0 else None
 
 
 def _urgency(entry: DueRenewal) -> tuple[float, float]:

@@ -212,3 +212,19 @@ async def test_status_text_says_the_pace_and_the_backlog(
     assert "5 scheduled, 2 due" in text
     assert "pace       0.6 renewals a minute here (last 5 min), 0 running of 3" in text
     assert "(renewals late: raised); backlog 2, cleared in 200 s at this pace" in text
+
+
+async def test_status_with_the_fleet_pace_clears_at_the_fleet_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    store = make_store(clock)
+    node = make_node(store, FakeCa(clock), monkeypatch)
+    for i in range(6):
+        await issued_at(store, FakeCa(clock), f"n{i}.renew.test", 86400.0, 3600.0)
+    clock.now = T0 + 3601
+    status = await node.renewer.status(fleet=(0.5, 2))  # two nodes, one renewal every 2 s
+    assert status["fleet_pace"] == 0.5 and status["fleet_renewing_nodes"] == 2
+    assert status["fleet_clear_seconds"] == 12.0 and status["clear_seconds"] is None
+    assert (await node.renewer.status(fleet=(0.0, 0)))["fleet_clear_seconds"] is None
+    assert "fleet_pace" not in await node.renewer.status()  # no board asked
