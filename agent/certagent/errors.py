@@ -236,4 +236,16 @@ class PayloadTooLarge(HAProxyError):
 
 
 class Busy(AgentError):
-    """A load could not start before its deadline; the caller should fall back now."""
+    """A load could not start before its deadline; the caller should fall back now.
+
+    ``reason`` says which limit was hit (the ensure path counts each, ``/metrics``
+    shows them as ``certagent_ensure_busy_total{reason=...}``): ``queue`` (too many
+    loads waiting), ``hold`` (the hold ran out: loading, looking up, or waiting for
+    the runtime socket), ``slots`` (no slot free in a batch), ``load`` (HAProxy
+    refused the load), ``lookups`` (over the store-lookup budget), ``filter`` (the
+    name filter not ready yet), ``issuing`` (an ACME issuance still running).
+    """
+
+    def __init__(self, message: str, reason: str = "hold") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -282,4 +282,3 @@ def test_down_v_leaves_no_container_network_or_volume(project: ComposeProject) -
     assert len(before["containers"]) == 5 and before["networks"] and len(before["volumes"]) == 6
     project.compose("down", "-v", timeout=180)
     assert project.leftovers() == {"containers": [], "networks": [], "volumes": []}
-

@@ -20,12 +20,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 
 from certagent.acme.ari import cert_id
 from certagent.api import add_token
+from certagent.service.renewtime import LEASE_FLOOR
 from certagent.testing import RedisFixture, Stack, tlsclient, wait_for
 from certagent.testing.acmeproxy import AcmeProxy
 from certagent.testing.askendpoint import AskEndpoint
@@ -201,6 +203,21 @@ def test_each_certificate_is_renewed_once_and_swapped_on_every_node_without_a_bl
         assert sorted(n for r in listed for n in r["names"]) == sorted(names)
         renewal = nodes[0].status()["issuance"]["renewal"]
         assert renewal["scheduled"] == len(names) and renewal["overdue"] == 0
+        # the pace: each node's own, and the fleet's from every node's beat (20 s apart)
+        paces = [s.status()["issuance"]["renewal"]["pace"] for s in nodes]
+        assert sum(p > 0 for p in paces) >= 1 and all(p >= 0 for p in paces), paces
+
+        def fleet_pace() -> dict[str, Any] | None:
+            rn: dict[str, Any] = nodes[0].status()["issuance"]["renewal"]
+            return rn if rn["fleet_pace"] > 0 and rn["fleet_renewing_nodes"] == 3 else None
+
+        rn = wait_for(fleet_pace, 30, "the fleet's pace from the nodes' beats")
+        assert rn["backlog"] == 0 and rn["fleet_clear_seconds"] == 0.0
+        shown = nodes[0].cli("status").stdout
+        assert "renewals a minute here" in shown and "renewing node(s)" in shown, shown
+        board = json.loads(nodes[0].command("fleet", "status", "--json").stdout)
+        assert all(n["renew_pace"] is not None for n in board["nodes"]), board  # all 3 renew
+        assert sum(n["renew_pace"] for n in board["nodes"]) > 0, board
 
 
 # --- opting an imported certificate in ------------------------------------------------------
@@ -313,7 +330,9 @@ def test_a_node_killed_holding_renewal_leases_leaves_them_to_another_after_expir
 ) -> None:
     """Node A's CA hangs (a black hole), so A holds its leases mid-renewal when it dies.
 
-    Certificates of 90 s: the leases A took (30 s) lapse well before they expire.
+    Certificates of 90 s: the leases A took lapse well before they expire (20 s: a
+    renewal's lease scales with what is left of the certificate, at least
+    ``LEASE_FLOOR``; the settings' lease would be 30 s).
     Orders may take 15 s here: the dead node counts as alive (its last heartbeat)
     for up to 30 s, and an order waits up to 5 s for every live node to serve its
     challenge (``ACK_WAIT``) before the CA is told to validate.
@@ -327,7 +346,8 @@ def _killed_node(
 ) -> None:
     root = trust(pebble, tmp_path)
     names = [f"k{i}.renew.test" for i in range(3)]
-    lease_seconds = 15 + 15  # acme_order_timeout + 15
+    # scaled to the ~85 s left (RenewPolicy.scaled): the floor, below acme_order_timeout + 15
+    lease_seconds = LEASE_FLOOR
     with AskEndpoint(allow=lambda name: name.endswith(".renew.test")) as ask, BlackHole() as hole:
         slow = {"CERTAGENT_ACME_ORDER_TIMEOUT": "15"}
         off = {**slow, "CERTAGENT_RENEW_TICK": "0"}  # until A holds the leases

@@ -128,7 +128,7 @@ async def _status(board: FleetBoard, as_json: bool) -> int:
     if not nodes:
         print("no node on the fleet's board (none has run in the last 10 minutes)")
         return 0
-    rows = [("NODE", "VERSION", "READS", "WRITES", "STATE", "LAST SEEN")]
+    rows = [("NODE", "VERSION", "READS", "WRITES", "STATE", "RENEWALS/MIN", "LAST SEEN")]
     for n in nodes:
         info = n.info
         rows.append(
@@ -138,6 +138,7 @@ async def _status(board: FleetBoard, as_json: bool) -> int:
                 describe_formats(info.reads) if info else "1-2",
                 str(info.writes or "-") if info else "2",
                 "running" if n.live else "stopped",
+                _per_minute(info.renew_pace if info else None),
                 _ago(n.seen),
             )
         )
@@ -208,9 +209,15 @@ def _node(n: NodeSeen) -> dict[str, Any]:
         "reads": list(n.info.reads) if n.info else None,
         "writes": n.info.writes if n.info else None,
         "haproxy": n.info.haproxy if n.info else None,
+        # renewals a second over its last five minutes; None: it does not renew (or say)
+        "renew_pace": n.info.renew_pace if n.info else None,
         "running": n.live,
         "last_seen": datetime.fromtimestamp(n.seen, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def _per_minute(pace: float | None) -> str:
+    return "-" if pace is None else f"{pace * 60:.1f}"
 
 
 def _ago(seen: float) -> str:

@@ -118,6 +118,12 @@ def _until(when: float | None) -> str:
     return f"{left // 3600}h{left % 3600 // 60:02d}m"
 
 
+def _clearing(backlog: int, clear_seconds: float | None, where: str = "here") -> str:
+    if not backlog:
+        return "nothing to clear"
+    if clear_seconds is None:
+        return f"nothing renewed {'by ' if where != 'here' else ''}{where} in the last 5 min"
+    return f"cleared in {clear_seconds:.0f} s at this pace"
 
 
 def _print_renewal(rn: dict[str, Any] | None) -> None:
@@ -132,6 +138,19 @@ def _print_renewal(rn: dict[str, Any] | None) -> None:
         f"  renewal      {rn['scheduled']} scheduled, {rn['due']} due, {rn['overdue']} overdue,"
         f" {rn['failing']} failing here; renewed here {rn['done']}, failed {rn['failed']}"
     )
+    if "pace" in rn:  # agents before 0.3.0 do not say
+        late = " (renewals late: raised)" if rn["late"] else ""
+        print(
+            f"    pace       {rn['pace'] * 60:.1f} renewals a minute here (last 5 min),"
+            f" {rn['running']} running of {rn['concurrency']}{late};"
+            f" backlog {rn['backlog']}, {_clearing(rn['backlog'], rn['clear_seconds'])}"
+        )
+    if "fleet_pace" in rn:
+        print(
+            f"    fleet      {rn['fleet_pace'] * 60:.1f} renewals a minute on"
+            f" {rn['fleet_renewing_nodes']} renewing node(s);"
+            f" {_clearing(rn['backlog'], rn['fleet_clear_seconds'], 'the fleet')}"
+        )
     for entry in rn["overdue_names"]:
         print(
             f"    overdue    {entry['name']}: renewal due since {entry['renew_at']},"

@@ -252,7 +252,7 @@ class Loader:
             raise ValueError("install needs at least one certificate")
         if self.waiting() >= self.max_waiting:
             self.counters.busy += 1
-            raise Busy(f"{self.waiting()} loads already waiting")
+            raise Busy(f"{self.waiting()} loads already waiting", "queue")
         request = LoadRequest(host, tuple(certs), asyncio.get_running_loop().create_future())
         request.future.add_done_callback(retrieve)
         queue = self._queues[priority]
@@ -490,7 +490,7 @@ class Loader:
                     where.append(name)
             number = pool.slot_number(where[0]) if where else None
             if number is None or len(where) != len(request.certs):
-                request.future.set_exception(Busy("no slot free in this batch; retry"))
+                request.future.set_exception(Busy("no slot free in this batch; retry", "slots"))
                 continue
             marks.append((request, where))
             commands.append(protocol.set_mark(self.names.usage_table, request.host, number))
@@ -515,7 +515,7 @@ class Loader:
                 error = next(
                     (ld.error for ld in loads if ld.error and ld.cert in request.certs), None
                 )
-                request.future.set_exception(error or Busy("the load failed; retry"))
+                request.future.set_exception(error or Busy("the load failed; retry", "load"))
                 continue
             if not any(ld.cert in request.certs for ld in loads):
                 self.counters.mark_only += 1  # e.g. a wildcard already loaded for a sibling

@@ -164,7 +164,12 @@ class Agent:
         keys = store.data_keys()
         self.datakeys = Announcer(keys, ondemand.node_name(settings)) if keys is not None else None
         # this node's release on the fleet's board, and the store's format it writes
-        self.presence = Presence(store.fleet(), ondemand.node_name(settings), self._haproxy_version)
+        self.presence = Presence(
+            store.fleet(),
+            ondemand.node_name(settings),
+            self._haproxy_version,
+            self.renewer.pace if self.renewer is not None else lambda: None,
+        )
         self._build: tuple[Identity, HAProxyBuild] | None = None  # per worker, see status
         self.fatal: AgentError | None = None  # why the agent stopped itself, if it did
         # the Lua action's and the CLI's socket
@@ -268,7 +273,7 @@ class Agent:
             out["renewal"] = None
             return out
         try:
-            out["renewal"] = await self.renewer.status()
+            out["renewal"] = await self.renewer.status(fleet=await self.presence.fleet_pace())
         except AgentError as exc:
             out["renewal"] = {"error": str(exc)}
         return out

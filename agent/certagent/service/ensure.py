@@ -15,7 +15,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -62,6 +62,11 @@ class EnsureCounters:
     wildcard_hits: int = 0  # covered by a wildcard already loaded: no lookup
     over_budget: int = 0  # admitted, but over the store-lookup budget: busy
     issued: int = 0  # served with a certificate issued on this first connection
+    busy_by_reason: dict[str, int] = field(default_factory=dict)  # Busy.reason -> count
+
+    def note_busy(self, reason: str) -> None:
+        self.busy += 1
+        self.busy_by_reason[reason] = self.busy_by_reason.get(reason, 0) + 1
 
 
 class NegativeCache:
@@ -332,11 +337,13 @@ class Ensurer:
         if result == FirstConnection.DENIED:
             return ()
         if result == FirstConnection.PENDING:
-            raise Busy(f"no certificate for {name} within {wait:.1f}s; its issuance goes on")
+            raise Busy(
+                f"no certificate for {name} within {wait:.1f}s; its issuance goes on", "issuing"
+            )
         self.counters.store_lookups += 1
         found = choose_kinds(await self.store.lookup_all(name), self.dual_certs)
         if not found:
-            raise Busy(f"{name} was issued but the store does not return it yet")
+            raise Busy(f"{name} was issued but the store does not return it yet", "issuing")
         self.counters.issued += 1
         return found
 
@@ -355,7 +362,7 @@ class Ensurer:
             # No filter yet (at start, or rebuilding): a flood would reach the store.
             # Counted, not logged per name: the fallback until the filter is ready.
             self.counters.over_budget += 1
-            self.counters.busy += 1
+            self.counters.note_busy("filter")
             return Outcome.BUSY
         try:
             found: tuple[StoredCertificate, ...] = ()
@@ -363,7 +370,8 @@ class Ensurer:
                 if self.budget is not None and not self.budget.take():
                     self.counters.over_budget += 1
                     raise Busy(
-                        f"store lookups over {self.budget.rate:.0f}/s; {name} not looked up"
+                        f"store lookups over {self.budget.rate:.0f}/s; {name} not looked up",
+                        "lookups",
                     )
                 self.counters.store_lookups += 1
                 found = choose_kinds(await self.store.lookup_all(name), self.dual_certs)
@@ -379,8 +387,8 @@ class Ensurer:
                 raise Busy(f"the store lookup of {name} took the whole hold ({self.hold:.1f}s)")
             slots = await self.loader.install(name, found, left)
         except Busy as exc:
-            self.counters.busy += 1
-            log.warning("busy: %s", exc)
+            self.counters.note_busy(exc.reason)
+            log.warning("busy (%s): %s", exc.reason, exc)
             return Outcome.BUSY
         except AgentError as exc:
             self.counters.errors += 1

@@ -100,16 +100,32 @@ class Presence:
     """This agent on the fleet's board (see the module docstring)."""
 
     def __init__(
-        self, board: FleetBoard, node: str, haproxy: Callable[[], str] = lambda: ""
+        self,
+        board: FleetBoard,
+        node: str,
+        haproxy: Callable[[], str] = lambda: "",
+        renew_pace: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.board = board
         self.node = node
         self._haproxy = haproxy
+        self._renew_pace = renew_pace
         self.state: FormatState | None = None
 
     def info(self) -> NodeInfo:
         writes = self.state.number if self.state is not None else 0
-        return NodeInfo(__version__, tuple(sorted(_reads(self.board))), writes, self._haproxy())
+        reads = tuple(sorted(_reads(self.board)))
+        return NodeInfo(__version__, reads, writes, self._haproxy(), self._renew_pace())
+
+    async def fleet_pace(self) -> tuple[float, int]:
+        """The renewals a second of every running node that renews, as they last beat
+        (20 s ago at most), and how many such nodes.  One O(nodes) read."""
+        pace, renewing = 0.0, 0
+        for seen in await self.board.nodes():
+            if seen.live and seen.info is not None and seen.info.renew_pace is not None:
+                pace += seen.info.renew_pace
+                renewing += 1
+        return pace, renewing
 
     async def beat(self) -> bool:
         """One beat; False (and a warning) if the store did not take it.

@@ -53,11 +53,8 @@ from typing import Protocol
 from certagent.acme import (
     AccountDoesNotExist,
     AcmeClient,
-    AcmeDeadline,
     AcmeError,
-    AcmeProblem,
     CaUnavailable,
-    ChallengeFailed,
     ChallengeSolver,
     RateLimited,
     obtain_certificate,
@@ -65,9 +62,10 @@ from certagent.acme import (
 from certagent.acme.csr import CertKeyType
 from certagent.certs.pem import CertBundle
 from certagent.certs.validate import UploadPolicy, validate_upload
-from certagent.errors import AgentError, CertificateError, DuplicateCertificate, LeaseLost
+from certagent.errors import AgentError, DuplicateCertificate
 from certagent.service.acmeaccount import AccountKeeper
 from certagent.service.metrics import LatencyHistogram
+from certagent.service.orderfailure import backoff_delay, failure_reason
 from certagent.service.permission import Permission
 from certagent.service.renewtime import RenewPolicy, cert_rng
 from certagent.store.base import Reader
@@ -159,36 +157,6 @@ class IssuerCounters:
     waited_elsewhere: int = 0  # first connections whose name another agent was issuing
     fallbacks: int = 0  # first connections that got the fallback (pending past the wait)
     failed_by_reason: Counter[str] = field(default_factory=Counter)
-
-
-def failure_reason(exc: BaseException) -> str:
-    """A short label for a failed order (metrics' ``reason``)."""
-    if isinstance(exc, RateLimited):
-        return "rate-limited"
-    if isinstance(exc, CaUnavailable):
-        return "ca-unavailable"
-    if isinstance(exc, ChallengeFailed):
-        return "challenge"
-    if isinstance(exc, AcmeDeadline | TimeoutError):
-        return "timeout"
-    if isinstance(exc, AccountDoesNotExist):
-        return "account"
-    if isinstance(exc, AcmeProblem):
-        return "ca-refused"
-    if isinstance(exc, LeaseLost):
-        return "lease-lost"
-    if isinstance(exc, CertificateError):
-        return "bad-certificate"
-    return "error"
-
-
-def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
-    """Seconds to wait after ``failures`` failures in a row: doubling from ``low`` to ``high``.
-
-    ``rand`` in [0, 1) adds up to 10 % jitter, so a fleet does not retry in step.
-    """
-    base = min(high, low * 2.0 ** max(0, failures - 1))
-    return float(base * (1.0 + 0.1 * rand))
 
 
 class Issuer:
@@ -333,7 +301,14 @@ class Issuer:
     # --- one order, for a first connection or a renewal -------------------------------------
 
     async def order(
-        self, name: str, lease: Lease, *, renewal: bool, replaces: str | None = None
+        self,
+        name: str,
+        lease: Lease,
+        *,
+        renewal: bool,
+        replaces: str | None = None,
+        ttl: float | None = None,
+        backoff_cap: float | None = None,
     ) -> Ordered:
         """Order ``name``'s certificate(s) under ``lease`` and store them, scheduled for renewal.
 
@@ -346,9 +321,13 @@ class Issuer:
         several key types, a refusal after the first kind(s) keeps what was stored
         and comes back WAITING too (the name's renewal entry moved to ``retry_at``).
         ``replaces``: the ARI id of the certificate a renewal replaces (RFC 9773 §5).
-        A failure is recorded (the name backs off, a 429 pauses the fleet) and
-        comes back FAILED.  StoreError if the store cannot be asked.
+        ``ttl``: the lease's TTL if not the settings' (a renewal scales it to the
+        certificate's remaining lifetime, :meth:`RenewPolicy.scaled`); the order keeps
+        renewing the lease every third of it.  A failure is recorded (the name backs
+        off, at most ``backoff_cap`` when given; a 429 pauses the fleet for as long
+        as the CA says) and comes back FAILED.  StoreError if the store cannot be asked.
         """
+        ttl = self.settings.lease_seconds if ttl is None else ttl
         limits = self.issuance.limits
         now = self._clock()
         paused = await limits.paused_until()
@@ -367,7 +346,7 @@ class Issuer:
             # freed in every case, also when the take itself was cancelled midway: a
             # no-op when none was taken (the slot is the name's, and we hold its lease)
             try:
-                if not await self._take_slot(name, lease):
+                if not await self._take_slot(name, lease, ttl):
                     return Ordered(
                         Outcome.WAITING,
                         self._clock() + SLOT_POLL,
@@ -377,7 +356,9 @@ class Issuer:
                 wait = await self.budget.take(name, renewal=renewal)
                 if wait > 0:
                     return self._over_budget(wait, "")
-                return await self._order(name, lease, renewal=renewal, replaces=replaces)
+                return await self._order(
+                    name, lease, ttl, renewal=renewal, replaces=replaces, backoff_cap=backoff_cap
+                )
             finally:
                 await limits.free_order_slot(name)
 
@@ -389,12 +370,15 @@ class Issuer:
             detail = f"{issued} issued, then {detail}; the other kinds are ordered then"
         return Ordered(Outcome.WAITING, self._clock() + wait, reason="budget", detail=detail)
 
-    async def _take_slot(self, name: str, lease: Lease) -> bool:
-        """One of the fleet's order slots, waiting for one while the lease lasts."""
-        while self._clock() < lease.expires_at - self.settings.order_timeout:
-            if await self.issuance.limits.take_order_slot(
-                name, self.settings.concurrency, self.settings.lease_seconds
-            ):
+    async def _take_slot(self, name: str, lease: Lease, ttl: float) -> bool:
+        """One of the fleet's order slots, waiting for one while the lease lasts.
+
+        The wait ends with enough of the lease left for the order's keeper to renew
+        it (at a third of ``ttl``): 15 s of waiting with the default lease.
+        """
+        deadline = lease.expires_at - max(ttl * 2 / 3, ttl - 15.0)
+        while self._clock() < deadline:
+            if await self.issuance.limits.take_order_slot(name, self.settings.concurrency, ttl):
                 return True
             await asyncio.sleep(SLOT_POLL)
         log.warning(
@@ -405,17 +389,24 @@ class Issuer:
         return False
 
     async def _order(
-        self, name: str, lease: Lease, *, renewal: bool, replaces: str | None
+        self,
+        name: str,
+        lease: Lease,
+        ttl: float,
+        *,
+        renewal: bool,
+        replaces: str | None,
+        backoff_cap: float | None,
     ) -> Ordered:
         """Order, store and announce ``name``'s certificate(s); record a failure if any."""
         self.counters.orders_started += 1
         self.counters.renewals_started += renewal
         work = asyncio.create_task(self._obtain_and_store(name, lease, renewal, replaces))
-        keeper = asyncio.create_task(self._keep(lease, work))
+        keeper = asyncio.create_task(self._keep(lease, work, ttl))
         try:
             await work
         except (AgentError, TimeoutError) as exc:
-            return await self._failed(name, exc)
+            return await self._failed(name, exc, backoff_cap)
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -432,9 +423,8 @@ class Issuer:
             return ordered
         return Ordered(Outcome.ISSUED)
 
-    async def _keep(self, lease: Lease, work: asyncio.Task[object]) -> None:
-        """Renew ``lease`` every third of its life; cancel ``work`` if it is lost."""
-        ttl = self.settings.lease_seconds
+    async def _keep(self, lease: Lease, work: asyncio.Task[object], ttl: float) -> None:
+        """Renew ``lease`` every third of its life (``ttl``); cancel ``work`` if it is lost."""
         while not work.done():
             await asyncio.sleep(ttl / 3)
             try:
@@ -525,16 +515,19 @@ class Issuer:
             )
         return None
 
-    async def _failed(self, name: str, exc: BaseException) -> Ordered:
+    async def _failed(
+        self, name: str, exc: BaseException, backoff_cap: float | None = None
+    ) -> Ordered:
         self.counters.orders_failed += 1
         reason = failure_reason(exc)
         self.counters.failed_by_reason[reason] += 1
         now = self._clock()
         state = await self.issuance.limits.name_state(name)
         failures = (state.failures if state is not None else 0) + 1
-        delay = backoff_delay(
-            failures, self.settings.backoff_min, self.settings.backoff_max, self._rand()
-        )
+        high = self.settings.backoff_max if backoff_cap is None else backoff_cap
+        high = min(self.settings.backoff_max, high)
+        low = min(self.settings.backoff_min, high)
+        delay = backoff_delay(failures, low, high, self._rand())
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(exc, RateLimited | CaUnavailable) and retry_after is not None:
             delay = max(delay, float(retry_after))

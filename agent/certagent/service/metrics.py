@@ -82,6 +82,15 @@ class _Snapshot(Collector):
         for key, outcome in _OUTCOMES.items():
             outcomes.add_metric([outcome], ensure[key])
         yield outcomes
+        busy = CounterMetricFamily(
+            "certagent_ensure_busy",
+            "Hosts given the fallback because no certificate could be loaded within the hold,"
+            " by the limit hit (queue, hold, slots, load, lookups, filter, issuing)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(ensure.get("busy_by_reason", {}).items()):
+            busy.add_metric([reason], count)
+        yield busy
         yield _counter(
             "certagent_store_lookups", "Store lookups for new hosts", ensure["store_lookups"]
         )
@@ -261,6 +270,28 @@ def _renewal(st: Mapping[str, Any]) -> Iterator[Metric]:
         ("failing", "Names whose last renewal on this node failed"),
     ):
         yield _gauge(f"certagent_renewals_{key}", doc, st[key])
+    yield _gauge(
+        "certagent_renewal_pace",
+        "Renewals this node completed a second, over the last five minutes",
+        st["pace"],
+    )
+    if st["clear_seconds"] is not None:
+        yield _gauge(
+            "certagent_renewal_clear_seconds",
+            "The due names over this node's pace: seconds to clear the backlog (at most)",
+            st["clear_seconds"],
+        )
+    if st.get("fleet_pace") is not None:
+        yield _gauge(
+            "certagent_renewal_fleet_pace",
+            "Renewals a second of every running node that renews (their last beats)",
+            st["fleet_pace"],
+        )
+    yield _gauge(
+        "certagent_renewal_concurrency",
+        "Renewals this node runs at once now (renew_concurrency; acme_concurrency when late)",
+        st["concurrency"],
+    )
     done = CounterMetricFamily(
         "certagent_renewals", "Renewals this node attempted, by result", labels=["result"]
     )

@@ -1,9 +1,21 @@
 """Renewal: every ACME-managed certificate renews itself before expiry, once per fleet.
 
-Every ``renew_tick`` seconds each node asks the store's schedule for what is due
-(:meth:`~certagent.store.renewals.Renewals.due`: one range read, O(due), never a
-scan; at rest that read is the tick's only store command).  For each due name,
-up to ``renew_concurrency`` at once on this node:
+Renewal is paced by work, not by a clock.  Each node asks the store's schedule for
+what is due (:meth:`~certagent.store.renewals.Renewals.due`: one range read,
+O(due), never a scan) and starts renewals, most urgent first (earliest expiry),
+up to ``renew_concurrency`` at once on this node; whenever one ends, the schedule
+is read again and the freed place filled at once, so a node renews as fast as its
+renewals complete.  Only when nothing is due (or nothing more can start) does it
+wait, ``renew_tick`` seconds at most: at rest that read is the only store command
+per tick.  When renewals are late (a due entry waited past a tenth of its margin
+to expiry, a minute at most), the node raises its concurrency to the fleet's
+order slots (``acme_concurrency``): the pace rises to the budget, which is shared
+by every node that renews (the fleet's open-order cap, its issuance budget with
+renewals before new names, a CA's ``Retry-After``).  :meth:`Renewer.status` and
+the metrics show the backlog (names due), this node's pace (renewals a second
+over the last five minutes) and the time to clear the backlog at that pace.
+
+For each name started:
 
 1. the name's issuance lease is taken (the lease on-demand issuance takes too);
    a name whose lease another node holds is left to it (and not tried again
@@ -23,13 +35,17 @@ up to ``renew_concurrency`` at once on this node:
    ``set``/``commit`` into the same slot, no reload).
 
 A failed renewal is retried with exponential backoff, never planned past expiry
-minus a margin, and on until the certificate expires (:mod:`.renewtime`); every
-failure is one WARNING with the days left.  While the CA asked the fleet to wait
-(a 429's ``Retry-After``) no renewal starts: a tick with due entries then costs
-one more read (the pause).
+minus a margin, and on until the certificate expires (:mod:`.renewtime`); the
+retry floor, the backoff cap (the issuer's too), the margin and the issuance
+lease scale with the certificate's remaining lifetime
+(:meth:`~certagent.service.renewtime.RenewPolicy.scaled`), so a certificate
+living minutes renews like one living days.  Every failure is one WARNING with
+the time left.  While the CA asked the fleet to wait (a 429's ``Retry-After``)
+no renewal starts: a read with due entries then costs one more read (the pause).
 
-Cost per tick: 1 store command at rest; with D due entries, O(D) commands
-(about a dozen per renewal).  Memory: O(renewals running + failing names).
+Cost: 1 store command per ``renew_tick`` at rest; with D due entries, O(D)
+commands (about a dozen per renewal) plus one schedule read per renewal ended.
+Memory: O(renewals running + failing names + renewals in the pace window).
 """
 
 from __future__ import annotations
@@ -37,8 +53,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,7 +68,7 @@ from certagent.config import Settings
 from certagent.errors import AgentError, NotFound
 from certagent.service.issuer import Issuer, Outcome
 from certagent.service.metrics import LatencyHistogram
-from certagent.service.renewtime import RenewPolicy, cert_rng
+from certagent.service.renewtime import RenewPolicy, Scaled, cert_rng
 from certagent.store.base import StoredCertificate, Writer
 from certagent.store.issuance import Lease
 from certagent.store.renewals import DueRenewal, Renewals
@@ -63,25 +81,36 @@ log = logging.getLogger(__name__)
 RENEW_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0)
 #: Overdue names listed by ``status``, at most.
 OVERDUE_LISTED = 20
-#: A name whose lease another node held is not tried again here for this long (s).
+#: A name whose lease another node held (or whose renewal met a store error) is not
+#: tried again here for this long (s).
 ELSEWHERE_HOLD = 5.0
+#: The pace is measured over this window (s).
+PACE_WINDOW = 300.0
+#: A due entry is late once it waited this share of its margin (expiry - renewal time) ...
+LATE_SHARE = 0.1
+#: ... or this long (s), whichever is less.
+LATE_AFTER = 60.0
+#: A renewal waiting for a fleet order slot is looked at again after this (s), at least.
+WAIT_FLOOR = 1.0
 
 
 @dataclass(frozen=True)
 class RenewerSettings:
-    tick: float = 1.0  # seconds between reads of the schedule
-    batch: int = 100  # due entries read per tick, at most
+    tick: float = 1.0  # seconds between reads of the schedule when nothing is due
+    batch: int = 100  # due entries read at once, at most
     concurrency: int = 4  # renewals running on this node at once
+    late_concurrency: int = 10  # ... when renewals are late (the fleet's order slots)
     overdue_grace: float = 3600.0  # an entry this long past its time counts as overdue
     policy: RenewPolicy = field(default_factory=RenewPolicy)
 
 
 def renewer_settings(settings: Settings) -> RenewerSettings:
-    """The ``renew_*`` settings."""
+    """The ``renew_*`` settings (and ``acme_concurrency``, the pace's ceiling when late)."""
     return RenewerSettings(
         tick=settings.renew_tick,
         batch=settings.renew_batch,
         concurrency=settings.renew_concurrency,
+        late_concurrency=max(settings.renew_concurrency, settings.acme_concurrency),
         overdue_grace=settings.renew_overdue_grace,
         policy=RenewPolicy(
             jitter=settings.renew_jitter,
@@ -106,6 +135,7 @@ class RenewerCounters:
     ari_moved: int = 0  # ARI windows that moved an entry instead of renewing now
     unscheduled: int = 0  # names taken off the schedule (denied, or no certificate left)
     elsewhere: int = 0  # due names whose lease another node held
+    late_reads: int = 0  # schedule reads that found renewals late (concurrency raised)
 
 
 @dataclass(frozen=True)
@@ -142,6 +172,11 @@ class Renewer:
         self._rand = rand
         self._running: dict[str, asyncio.Task[None]] = {}
         self._elsewhere: dict[str, float] = {}  # name -> not tried here before (clock)
+        self._freed = asyncio.Event()  # a renewal ended: its place can be filled
+        self._busy = False  # the last read left due entries unstarted for want of room
+        self._late = False  # the last read found renewals late
+        self._renewed: deque[float] = deque()  # when renewals ended well, PACE_WINDOW back
+        self._began = clock()
 
     @property
     def policy(self) -> RenewPolicy:
@@ -150,39 +185,74 @@ class Renewer:
     # --- the loop -------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """A tick every ``tick`` seconds until ``stop``; store errors are logged and retried."""
+        """Fill free places with due renewals until ``stop`` (module docstring).
+
+        After a read that started everything it could, the loop waits for a renewal
+        to end (its place is then filled at once) or ``tick`` seconds, whichever
+        comes first; store errors are logged and the read retried after ``tick``.
+        """
         while not stop.is_set():
+            self._freed.clear()
             try:
                 await self.tick()
             except AgentError as exc:
-                log.warning("renewal tick: %s; trying again next tick", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.tick)
+                log.warning(
+                    "reading the renewal schedule: %s; trying again in %g s",
+                    exc,
+                    self.settings.tick,
+                )
+                self._busy = False
+            await self._wait(stop, self.settings.tick)
+
+    async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
+        """Until ``stop``, a renewal ends (when one is running), or ``timeout``."""
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if self._running:
+            waiters.append(asyncio.ensure_future(self._freed.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    @property
+    def concurrency(self) -> int:
+        """Renewals this node runs at once now: more while renewals are late."""
+        s = self.settings
+        return s.late_concurrency if self._late else s.concurrency
 
     async def tick(self) -> int:
         """Read what is due and start renewing it; returns how many renewals were started.
 
         One store command when nothing is due; one more (the fleet's pause) when
-        something is.  The renewals run on after the tick returns.
+        something is.  Due entries start most urgent first (earliest expiry); the
+        renewals run on after this returns.
         """
         self.counters.ticks += 1
         now = self._clock()
-        room = self.settings.concurrency - len(self._running)
-        if room <= 0:
+        if self.settings.concurrency - len(self._running) <= 0 and not self._late:
+            self._busy = True
             return 0
         due = await self.renewals.due(now, self.settings.batch)
         self.counters.due_seen += len(due)
-        if not due:
+        self._late = any(_late(entry, now) for entry in due)
+        self.counters.late_reads += self._late
+        room = self.concurrency - len(self._running)
+        self._busy = False
+        if not due or room <= 0:
+            self._busy = bool(due)
             return 0
         if await self.issuer.issuance.limits.paused_until() > now:
             return 0  # the CA asked the fleet to wait: the entries stay due
         self._elsewhere = {n: t for n, t in self._elsewhere.items() if t > now}
         started = 0
-        for entry in due:
-            if started >= room:
-                break
+        for entry in sorted(due, key=_urgency):
             if entry.name in self._running or entry.name in self._elsewhere:
                 continue
+            if started >= room:
+                self._busy = True
+                break
             task = asyncio.create_task(self._renew_quietly(entry), name=f"renew {entry.name}")
             self._running[entry.name] = task
             task.add_done_callback(self._ended)
@@ -193,6 +263,7 @@ class Renewer:
         name = task.get_name().removeprefix("renew ")
         if self._running.get(name) is task:
             del self._running[name]
+        self._freed.set()
 
     async def wait_idle(self) -> None:
         """Until the renewals started so far have ended (tests, shutdown)."""
@@ -205,15 +276,20 @@ class Renewer:
         try:
             await self.renew(entry)
         except AgentError as exc:
-            # the store failed somewhere: the entry stays due, the next tick tries again
-            log.warning("renewing %s: %s; trying again", entry.name, exc)
+            # the store failed somewhere: the entry stays due, tried again after a pause
+            self._elsewhere[entry.name] = self._clock() + ELSEWHERE_HOLD
+            log.warning(
+                "renewing %s: %s; trying again in %.0f s at the earliest",
+                entry.name,
+                exc,
+                ELSEWHERE_HOLD,
+            )
 
     async def renew(self, entry: DueRenewal) -> None:
         """Renew ``entry``'s name if this node gets its lease (module docstring, 1-5)."""
         issuer, name = self.issuer, entry.name
-        lease = await issuer.issuance.locks.acquire(
-            name, issuer.node, issuer.settings.lease_seconds
-        )
+        scaled = self.policy.scaled(self._clock(), entry.not_after, issuer.settings.lease_seconds)
+        lease = await issuer.issuance.locks.acquire(name, issuer.node, scaled.lease)
         if lease is None:
             self.counters.elsewhere += 1
             self._elsewhere[name] = self._clock() + ELSEWHERE_HOLD
@@ -224,11 +300,13 @@ class Renewer:
             if current is None or current.renew_at > now:
                 return  # renewed (or dropped) elsewhere since the tick read it
             self.counters.started += 1
-            await self._renew_held(current, lease, now)
+            await self._renew_held(current, lease, now, scaled)
         finally:
             await issuer.issuance.locks.release(lease)
 
-    async def _renew_held(self, entry: DueRenewal, lease: Lease, now: float) -> None:
+    async def _renew_held(
+        self, entry: DueRenewal, lease: Lease, now: float, scaled: Scaled
+    ) -> None:
         name = entry.name
         found = await self.issuer.reader.lookup_all(name)
         if not found:
@@ -239,7 +317,7 @@ class Renewer:
         decision = await self.issuer.permission.decide(name)
         if not decision.allowed:
             if decision.transient:
-                await self._postpone(entry, now + self.policy.retry_min, decision.reason)
+                await self._postpone(entry, now + scaled.retry_min, decision.reason)
                 return
             await self._unschedule(
                 name,
@@ -255,10 +333,18 @@ class Renewer:
                 self.counters.ari_moved += 1
                 await self.renewals.schedule(name, min(renew_at, check_at), not_after)
                 return
-        ordered = await self.issuer.order(name, lease, renewal=True, replaces=replaces)
+        ordered = await self.issuer.order(
+            name,
+            lease,
+            renewal=True,
+            replaces=replaces,
+            ttl=scaled.lease,
+            backoff_cap=scaled.retry_max,
+        )
         done = self._clock()
         if ordered.outcome is Outcome.ISSUED:
             self.counters.done += 1
+            self._renewed.append(done)
             self.renew_seconds.observe(max(0.0, done - entry.renew_at))
             if self.failing.pop(name, None) is not None:
                 log.info("renewal of %s succeeded after failures", name)
@@ -266,9 +352,7 @@ class Renewer:
             return
         if ordered.outcome is Outcome.WAITING:
             await self._postpone(
-                entry,
-                max(ordered.retry_at, done + self.settings.tick),
-                ordered.detail or ordered.reason,
+                entry, max(ordered.retry_at, done + WAIT_FLOOR), ordered.detail or ordered.reason
             )
             return
         self.counters.failed += 1
@@ -277,13 +361,13 @@ class Renewer:
         await self.renewals.schedule(name, retry_at, not_after)
         self.failing[name] = Failing(ordered.failures, not_after, ordered.reason, retry_at)
         log.warning(
-            "renewal of %s failing (%d in a row, %s: %s); it expires in %.1f days (%s);"
+            "renewal of %s failing (%d in a row, %s: %s); it expires in %s (%s);"
             " next attempt in %.0f s",
             name,
             ordered.failures,
             ordered.reason,
             ordered.detail,
-            (not_after - done) / 86400,
+            _span(not_after - done),
             current.bundle.not_after.isoformat(),
             retry_at - done,
         )
@@ -357,16 +441,46 @@ class Renewer:
 
     # --- status ------------------------------------------------------------------------------
 
-    async def status(self) -> dict[str, object]:
-        """Schedule counts (two O(log M) store reads), this node's failing and overdue names."""
+    def pace(self) -> float:
+        """Renewals this node completed a second, over the last ``PACE_WINDOW`` seconds."""
+        now = self._clock()
+        while self._renewed and self._renewed[0] < now - PACE_WINDOW:
+            self._renewed.popleft()
+        window = min(PACE_WINDOW, max(1.0, now - self._began))
+        return len(self._renewed) / window
+
+    async def status(self, fleet: tuple[float, int] | None = None) -> dict[str, object]:
+        """Schedule counts (two O(log M) store reads), the pace, failing and overdue names.
+
+        ``backlog`` is the fleet's due names; ``pace`` this node's renewals a second
+        (last five minutes); ``clear_seconds`` the backlog over that pace (None when
+        nothing is renewing here), an upper bound when other nodes renew too.
+        ``fleet``: (renewals a second, renewing nodes) of the whole fleet, from its
+        board (:meth:`~certagent.service.fleet.Presence.fleet_pace`): adds
+        ``fleet_pace``, ``fleet_renewing_nodes`` and ``fleet_clear_seconds``.
+        """
         now = self._clock()
         grace = self.settings.overdue_grace
         scheduled, due = await self.renewals.count(now)
         _, overdue = await self.renewals.count(now - grace)
         listed = await self.renewals.due(now - grace, OVERDUE_LISTED) if overdue else []
+        pace = self.pace()
+        extra: dict[str, object] = {}
+        if fleet is not None:
+            extra = {
+                "fleet_pace": round(fleet[0], 6),
+                "fleet_renewing_nodes": fleet[1],
+                "fleet_clear_seconds": _clear(due, fleet[0]),
+            }
+        clear = _clear(due, pace)
         return {
             "scheduled": scheduled,
             "due": due,
+            "backlog": due,
+            "pace": round(pace, 6),
+            "clear_seconds": clear,
+            "late": self._late,
+            "concurrency": self.concurrency,
             "overdue": overdue,
             "overdue_names": [
                 {
@@ -391,6 +505,7 @@ class Renewer:
             **vars(self.counters),
             "renew_seconds": self.renew_seconds.snapshot(),
             "tick_seconds": self.settings.tick,
+            **extra,
         }
 
     def failing_for(self, name: str) -> Failing | None:
@@ -401,6 +516,35 @@ class Renewer:
         for task in list(self._running.values()):
             task.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+
+def _clear(backlog: int, pace: float) -> float | None:
+    """Seconds to clear ``backlog`` at ``pace`` a second; None without a pace."""
+    if not backlog:
+        return 0.0
+    return round(backlog / pace, 1) if pace > 0 else None
+
+
+def _urgency(entry: DueRenewal) -> tuple[float, float]:
+    """Earliest expiry first (unknown expiry last), then earliest renewal time."""
+    return (entry.not_after if entry.not_after > 0 else math.inf, entry.renew_at)
+
+
+def _late(entry: DueRenewal, now: float) -> bool:
+    """Whether ``entry`` waited past a tenth of its margin to expiry (a minute at most)."""
+    margin = entry.not_after - entry.renew_at if entry.not_after > 0 else math.inf
+    return now - entry.renew_at > min(LATE_AFTER, LATE_SHARE * max(0.0, margin))
+
+
+def _span(seconds: float) -> str:
+    """``3.2 days``, ``4.5 hours``, ``95 s``; negative: ``expired 95 s ago``."""
+    if seconds < 0:
+        return f"expired {_span(-seconds)} ago"
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds:.0f} s"
 
 
 def _kind(stored: StoredCertificate) -> str:

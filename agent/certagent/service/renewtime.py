@@ -12,6 +12,10 @@ every re-computation for one certificate pick the same moment.
   when to fetch renewalInfo again (its ``Retry-After``, clamped).
 * :meth:`RenewPolicy.retry_at`: after a failed renewal, exponential backoff,
   never later than expiry minus ``margin``, and on until expiry and past it.
+* :meth:`RenewPolicy.scaled`: the retry floor, the backoff cap, the margin and the
+  issuance lease of one renewal, scaled to the certificate's remaining lifetime, so a
+  certificate living minutes (tests) is retried as a certificate living days is, in
+  proportion; long lifetimes keep the settings as they are.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["SHORT_LIFETIME", "RenewPolicy", "cert_rng", "lifetime_fraction"]
+__all__ = ["SHORT_LIFETIME", "RenewPolicy", "Scaled", "cert_rng", "lifetime_fraction"]
 
 #: Lifetimes under this (10 days) renew at one half instead of two thirds.
 SHORT_LIFETIME = 10 * 86400.0
@@ -27,6 +31,28 @@ SHORT_LIFETIME = 10 * 86400.0
 MAX_JITTER = 0.15
 #: RFC 9773 §4.3.3: without a Retry-After, ask again after six hours.
 ARI_DEFAULT_CHECK = 6 * 3600.0
+#: Scaling (:meth:`RenewPolicy.scaled`), as shares of the remaining lifetime: the first
+#: retry after at most 1/50 of it, backoff capped at 1/8, the margin at most 1/4, the
+#: lease at most 1/6 of it (so a node that dies holding a lease blocks the name for a
+#: small part of what is left) ...
+RETRY_MIN_SHARE = 1 / 50
+RETRY_MAX_SHARE = 1 / 8
+MARGIN_SHARE = 1 / 4
+LEASE_SHARE = 1 / 6
+#: ... and never below these floors (s): a CA is not asked more often than every few
+#: seconds for one name, and a lease outlives a few store round trips and its renewal.
+RETRY_FLOOR = 5.0
+LEASE_FLOOR = 20.0
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """The timings of one renewal attempt (:meth:`RenewPolicy.scaled`), in seconds."""
+
+    retry_min: float  # the first retry after a failure
+    retry_max: float  # backoff doubles up to this (also caps the issuer's backoff)
+    margin: float  # retries are never planned later than expiry minus this
+    lease: float  # the issuance lease's TTL (renewed every third of it while ordering)
 
 
 def lifetime_fraction(lifetime: float) -> float:
@@ -87,18 +113,43 @@ class RenewPolicy:
         wait = ARI_DEFAULT_CHECK if retry_after is None else retry_after
         return now + min(self.ari_max, max(self.ari_min, wait))
 
+    def scaled(self, now: float, not_after: float, lease: float) -> Scaled:
+        """The retry floor, backoff cap, margin and lease TTL for a certificate now.
+
+        Each is the setting (``lease``: the issuer's lease for an order), or its
+        share of the remaining lifetime ``not_after - now`` (``*_SHARE``) where
+        that is smaller, but not below its floor.  A certificate with days left
+        keeps the settings; one with 150 s left (a 300 s certificate at half its
+        life) retries after 5 s, backs off up to 19 s, keeps a 38 s margin and
+        takes a 25 s lease.  ``not_after`` 0 (unknown) or past: the settings as
+        they are (an expired certificate is retried every ``retry_min``, as
+        :meth:`retry_at` says).
+        """
+        left = not_after - now
+        if not_after <= 0 or left <= 0:
+            return Scaled(self.retry_min, self.retry_max, self.margin, lease)
+        retry_min = min(self.retry_min, max(RETRY_FLOOR, left * RETRY_MIN_SHARE))
+        return Scaled(
+            retry_min=retry_min,
+            retry_max=min(self.retry_max, max(retry_min, left * RETRY_MAX_SHARE)),
+            margin=min(self.margin, left * MARGIN_SHARE),
+            lease=min(lease, max(LEASE_FLOOR, left * LEASE_SHARE)),
+        )
+
     def retry_at(self, now: float, failures: int, not_after: float, rand: float) -> float:
         """The next attempt after ``failures`` failed renewals in a row (``rand`` in [0, 1)).
 
-        Doubling from ``retry_min`` to ``retry_max`` (plus up to 10 % jitter), but
-        never planned past ``not_after - margin``: the last attempts before expiry
-        come at least every ``retry_min``, and so do the ones after it (an expired
-        certificate is still served; renewing it is still the cure).  ``not_after``
-        0 means unknown: plain backoff.
+        Doubling from the retry floor to the backoff cap (plus up to 10 % jitter),
+        both scaled to the remaining lifetime (:meth:`scaled`), but never planned
+        past ``not_after`` minus the margin: the last attempts before expiry come at
+        least every retry floor, and the ones after it every ``retry_min`` (an
+        expired certificate is still served; renewing it is still the cure).
+        ``not_after`` 0 means unknown: plain backoff.
         """
-        delay = min(self.retry_max, self.retry_min * 2.0 ** max(0, failures - 1))
+        s = self.scaled(now, not_after, 0.0)
+        delay = min(s.retry_max, s.retry_min * 2.0 ** max(0, failures - 1))
         at = now + delay * (1.0 + 0.1 * rand)
-        latest = not_after - self.margin
+        latest = not_after - s.margin
         if not_after > 0 and at > latest:  # 0: expiry unknown, no cap
-            at = max(now + self.retry_min, latest)
+            at = max(now + s.retry_min, latest)
         return at

@@ -143,23 +143,26 @@ class NodeInfo:
     """What a node says of itself on the fleet's board: its release and the formats it reads.
 
     ``writes``: the format it writes now (the store's active format when it last beat).
+    ``renew_pace``: the renewals a second it completed over the last five minutes; None
+    for a node that does not renew (or a release that does not say).
     """
 
     version: str
     reads: tuple[int, ...] = field(default_factory=lambda: tuple(sorted(READS)))
     writes: int = 0
     haproxy: str = ""
+    renew_pace: float | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": self.version,
-                "reads": list(self.reads),
-                "writes": self.writes,
-                "haproxy": self.haproxy,
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, object] = {
+            "version": self.version,
+            "reads": list(self.reads),
+            "writes": self.writes,
+            "haproxy": self.haproxy,
+        }
+        if self.renew_pace is not None:
+            data["renew_pace"] = round(self.renew_pace, 6)
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str) -> NodeInfo:
@@ -177,7 +180,15 @@ class NodeInfo:
             raise ValueError("reads is not a list of format numbers")
         if not isinstance(writes, int) or not isinstance(haproxy, str) or len(haproxy) > 64:
             raise ValueError("bad writes or haproxy")
-        return cls(version, tuple(sorted(set(reads))), writes, haproxy)
+        pace = data.get("renew_pace")
+        if pace is not None and (
+            isinstance(pace, bool)
+            or not isinstance(pace, int | float)
+            or not 0 <= pace < 1e9  # also refuses NaN
+        ):
+            raise ValueError("renew_pace is not a number of renewals a second")
+        renew_pace = float(pace) if pace is not None else None
+        return cls(version, tuple(sorted(set(reads))), writes, haproxy, renew_pace)
 
 
 @dataclass(frozen=True)

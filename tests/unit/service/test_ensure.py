@@ -160,7 +160,7 @@ def test_negative_cache_is_bounded() -> None:
 
 @pytest.mark.parametrize(
     ("error", "outcome"),
-    [(Busy("queue full"), Outcome.BUSY), (HAProxyUnavailable("down"), Outcome.ERROR)],
+    [(Busy("queue full", "queue"), Outcome.BUSY), (HAProxyUnavailable("down"), Outcome.ERROR)],
 )
 async def test_loader_failures_become_fallback_answers(
     stored: StoredCertificate, error: Exception, outcome: Outcome
@@ -168,6 +168,8 @@ async def test_loader_failures_become_fallback_answers(
     ensurer, _, loader, _ = make(stored)
     loader.error = error
     assert await ensurer.ensure(b"a.example.test") == outcome
+    busy = {"queue": 1} if outcome is Outcome.BUSY else {}
+    assert ensurer.counters.busy_by_reason == busy  # /metrics: which limit, how many
     loader.error = None
     assert await ensurer.ensure(b"a.example.test") == Outcome.OK  # not cached as negative
 
@@ -237,6 +239,7 @@ async def test_a_store_lookup_that_eats_the_hold_is_busy(stored: StoredCertifica
     store.lookup_all = slow  # type: ignore[method-assign]
     assert await ensurer.ensure(b"a.example.test") == Outcome.BUSY
     assert loader.installs == []
+    assert ensurer.counters.busy_by_reason == {"hold": 1}
 
 
 class NothingFilter:

@@ -33,9 +33,8 @@ from certagent.service.issuer import (
     Issuer,
     IssuerSettings,
     Outcome,
-    backoff_delay,
-    failure_reason,
 )
+from certagent.service.orderfailure import backoff_delay, failure_reason
 from certagent.service.permission import Permission
 from certagent.store.issuance import ACME_MANAGED
 from certagent.testing.certs import issue, make_ca
@@ -232,8 +231,11 @@ async def test_a_failure_backs_the_name_off_for_the_fleet(monkeypatch: pytest.Mo
 async def test_a_429_pauses_the_whole_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [T]
     store = MemoryStore(clock=lambda: clock[0])
-    limited = RateLimited(Problem("urn:ietf:params:acme:error:rateLimited", "slow down"),
-                          "https://ca/new-order", retry_after=120)
+    limited = RateLimited(
+        Problem("urn:ietf:params:acme:error:rateLimited", "slow down"),
+        "https://ca/new-order",
+        retry_after=120,
+    )
     ca = FakeCa(fail=[limited])
     issuer = make_issuer(store, ca, monkeypatch)
     issuer._clock = lambda: clock[0]

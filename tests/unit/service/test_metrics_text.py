@@ -17,6 +17,7 @@ def snapshot(**over: Any) -> dict[str, Any]:
         "ensure": {
             "hits": 5, "loaded": 4, "unknown": 3, "negative_hits": 2, "busy": 1, "invalid": 6,
             "errors": 0, "wildcard_hits": 7, "store_lookups": 9, "filtered": 11, "reloads": 1,
+            "busy_by_reason": {"hold": 1},
         },
         "loader": {"loads": 4, "recycles": 2, "failures": 1},
         "live": {"changes": 8, "rotated": 1, "unloaded": 2, "orphans": 0},
@@ -43,6 +44,7 @@ def test_every_metric_with_its_value() -> None:
     assert got[("certagent_ensure_requests_total", (("outcome", "loaded"),))] == 4
     assert got[("certagent_ensure_requests_total", (("outcome", "unknown_cached"),))] == 2
     assert got[("certagent_store_lookups_total", ())] == 9
+    assert got[("certagent_ensure_busy_total", (("reason", "hold"),))] == 1
     assert got[("certagent_loads_total", ())] == 4
     assert got[("certagent_recycles_total", ())] == 2
     assert got[("certagent_load_failures_total", ())] == 1

@@ -8,9 +8,12 @@ import pytest
 
 from certagent.service.renewtime import (
     ARI_DEFAULT_CHECK,
+    LEASE_FLOOR,
     MAX_JITTER,
+    RETRY_FLOOR,
     SHORT_LIFETIME,
     RenewPolicy,
+    Scaled,
     cert_rng,
     lifetime_fraction,
 )
@@ -171,16 +174,68 @@ def test_retry_jitter_adds_at_most_a_tenth() -> None:
     assert policy.retry_at(T0, 3, T0 + DAY, 0.999) == pytest.approx(T0 + 109.9)
 
 
-def test_retry_is_never_planned_past_expiry_minus_the_margin() -> None:
+@pytest.mark.parametrize("left", [100.0, 600.0, 2 * 3600.0, 7 * 3600.0, 8 * 3600.0, 5 * DAY])
+def test_retry_is_never_planned_past_expiry_minus_the_margin(left: float) -> None:
     policy = RenewPolicy(retry_min=60.0, retry_max=6 * 3600.0, margin=3600.0)
-    not_after = T0 + 2 * 3600.0
-    assert policy.retry_at(T0, 9, not_after, 0.0) == not_after - 3600.0
+    not_after = T0 + left
+    margin = policy.scaled(T0, not_after, 0.0).margin
+    for failures in range(1, 20):
+        assert policy.retry_at(T0, failures, not_after, 0.999) <= not_after - margin
 
 
-def test_retry_keeps_trying_every_retry_min_near_and_past_expiry() -> None:
+def test_retry_keeps_trying_every_retry_min_at_and_past_expiry() -> None:
     policy = RenewPolicy(retry_min=60.0, retry_max=6 * 3600.0, margin=3600.0)
-    for not_after in (T0 + 1800.0, T0, T0 - DAY):
+    for not_after in (T0, T0 - DAY):
         assert policy.retry_at(T0, 9, not_after, 0.5) == T0 + 60.0
+
+
+def test_retry_near_expiry_comes_within_an_eighth_of_what_is_left() -> None:
+    policy = RenewPolicy(retry_min=60.0, retry_max=6 * 3600.0, margin=3600.0)
+    not_after = T0 + 1800.0  # 30 minutes left: cap 225 s, margin 450 s
+    assert policy.retry_at(T0, 9, not_after, 0.0) == T0 + 225.0
+    assert policy.retry_at(T0, 1, not_after, 0.0) == T0 + 36.0  # the floor: 1/50 of it
+
+
+# --- scaling with the remaining lifetime (issue 29) ------------------------------------------
+
+
+def test_scaled_keeps_the_settings_for_certificates_with_days_left() -> None:
+    policy = RenewPolicy(retry_min=60.0, retry_max=6 * 3600.0, margin=3600.0)
+    for days in (3.0, 30.0, 60.0):  # a 6-day certificate at half, 47 and 90 days at 2/3
+        assert policy.scaled(T0, T0 + days * DAY, 75.0) == Scaled(60.0, 6 * 3600.0, 3600.0, 75.0)
+
+
+@pytest.mark.parametrize("left", [150.0, 300.0, 1800.0, 3 * 3600.0, DAY, 3 * DAY, 30 * DAY])
+def test_scaled_timings_are_proportional_to_what_is_left(left: float) -> None:
+    """Every timing is at most its share of the remaining lifetime (or its floor)."""
+    policy = RenewPolicy(retry_min=60.0, retry_max=6 * 3600.0, margin=3600.0)
+    s = policy.scaled(T0, T0 + left, 75.0)
+    assert s.retry_min == min(60.0, max(RETRY_FLOOR, left / 50))
+    assert s.retry_max == min(6 * 3600.0, max(s.retry_min, left / 8))
+    assert s.margin == min(3600.0, left / 4)
+    assert s.lease == min(75.0, max(LEASE_FLOOR, left / 6))
+    # with the margin and one backoff cap, a retry still lands well before expiry
+    assert s.margin + s.retry_max < left
+
+
+def test_scaled_short_certificate_behaves_like_a_long_one_in_proportion() -> None:
+    """300 s certificate renewing at half (150 s left) vs a 6-day one (3 days left)."""
+    policy = RenewPolicy()
+    short = policy.scaled(T0, T0 + 150.0, 75.0)
+    assert short == Scaled(retry_min=5.0, retry_max=18.75, margin=37.5, lease=25.0)
+    # a CA outage of 40 s (about a quarter of what is left) costs a few retries, not expiry
+    now, failures = T0, 0
+    while now < T0 + 40.0:
+        failures += 1
+        now = policy.retry_at(now, failures, T0 + 150.0, 0.5)
+    assert now < T0 + 150.0 - 37.5
+    assert failures <= 5
+
+
+def test_scaled_past_or_unknown_expiry_keeps_the_settings() -> None:
+    policy = RenewPolicy(retry_min=60.0, retry_max=600.0, margin=3600.0)
+    for not_after in (0.0, T0, T0 - 10.0):
+        assert policy.scaled(T0, not_after, 75.0) == Scaled(60.0, 600.0, 3600.0, 75.0)
 
 
 def test_retry_with_unknown_expiry_is_plain_backoff() -> None:

@@ -57,7 +57,14 @@ def test_format_hash_replies() -> None:
 def test_node_info_round_trips_and_refuses_what_it_does_not_write() -> None:
     info = NodeInfo("0.3.0", (1, 2), 1, "3.0.11")
     assert NodeInfo.from_json(info.to_json()) == info
+    assert '"renew_pace"' not in info.to_json()  # a node that does not renew says nothing
+    renewing = NodeInfo("0.3.0", (1, 2), 2, "3.0.11", renew_pace=0.75)
+    assert NodeInfo.from_json(renewing.to_json()) == renewing
     for bad in (
+        '{"version": "1", "reads": [1], "renew_pace": -1}',
+        '{"version": "1", "reads": [1], "renew_pace": "1"}',
+        '{"version": "1", "reads": [1], "renew_pace": true}',
+        '{"version": "1", "reads": [1], "renew_pace": NaN}',
         "[]",
         "{}",
         '{"version": "", "reads": [1]}',
