@@ -42,6 +42,17 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     return {"pass": all(c["ok"] for c in checks.values()), "checks": checks}
 
 
+def _status_lines(status: list[dict[str, Any]]) -> list[str]:
+    """Each node's ``status`` renewal section at the end: its plain figures, whatever they are."""
+    lines = []
+    for node in status:
+        section = node.get("renewal") or {}
+        figures = {k: v for k, v in section.items() if not isinstance(v, (dict, list))}
+        shown = ", ".join(f"{k} {v}" for k, v in figures.items()) or node.get("error", "none")
+        lines.append(f"- node{node['node']} `status` renewal: {shown}")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta, cfg, hs = result["meta"], result["config"], result["handshakes"]
     m = meta["machine"]
@@ -86,6 +97,8 @@ def markdown(result: dict[str, Any]) -> str:
         f" Overdue at the end (grace {ren['overdue_at_end']['grace_s']} s):"
         f" {ren['overdue_at_end']['overdue']}, expired while scheduled"
         f" {ren['overdue_at_end']['expired']}. Agent warnings: {ren['log_warnings']}.",
+        "",
+        *_status_lines(ren["status"]),
         "",
         "## Processes",
         "",
