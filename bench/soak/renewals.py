@@ -1,9 +1,11 @@
 """At the end: orders at the CA against issuances and renewals due, late and overdue counts.
 
 Each on-demand name renews every ``lifetime x fraction`` (:func:`lifetime_fraction`:
-one half under 10 days) counted from its first certificate's notBefore (jitter moves
-each renewal by up to 5 % of the lifetime either way, which averages out over names):
-``renewals_due_estimate`` = sum over names of floor((end - notBefore) / period).  Every
+one half under 10 days) counted from its first certificate's notBefore, each renewal
+moved by up to ``renew_jitter`` (5 %) of the lifetime either way:
+``renewals_due_estimate`` is the expected count under that schedule
+(:func:`expected_renewals`), ``renewals_due_floor`` the plain sum of
+floor((end - notBefore) / period).  Every
 order pebble created (its log, across CA restarts) counts, failed ones too.
 
 Overdue: the agents' own count (``status``: entries more than ``renew_overdue_grace``,
@@ -24,10 +26,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.soak.warmup import FirstCert
+from certagent.config import Settings
 from certagent.service.renewtime import lifetime_fraction
 from certagent.testing import RedisFixture, Stack, StackError
 from certagent.testing.pebble import Pebble
 
+#: the agent's default renew_jitter (the soak runs the defaults)
+RENEW_JITTER = Settings.renew_jitter
 OVERDUE_GRACE_SHARE = 0.1
 OVERDUE_GRACE_MIN = 15.0  # s: a renew_tick (10 s) and an order
 LISTED = 20
@@ -36,17 +41,46 @@ FAR = 10 * 365 * 86400.0  # s: "every entry" as a range read
 LOG_MARKERS = {"late": " is late (due since", "overdue": "overdue", "failing": "failing ("}
 
 
+def expected_renewals(elapsed: float, period: float, spread: float) -> float:
+    """Renewals one name is expected to have had ``elapsed`` s after its first certificate.
+
+    Renewal k falls at k x ``period`` plus the sum of k jitters, each uniform within
+    +-``spread`` (the agent's ``renew_jitter`` x lifetime, drawn per certificate): the
+    probability that it fell before ``elapsed``, summed over k (a normal law for k >= 2).
+    A renewer that keeps its schedule does this many; names issued together (the warm-up)
+    renew together, so a floor() would be off by a whole round near a round's end.
+    """
+    total, k = 0.0, 1
+    while True:
+        mean = k * period
+        sd = spread * math.sqrt(k / 3.0)  # uniform(-s, s) has variance s^2 / 3
+        if mean - 6 * sd > elapsed:
+            return total
+        if sd == 0:
+            total += 1.0 if elapsed >= mean else 0.0
+        elif k == 1:
+            total += min(1.0, max(0.0, (elapsed - (mean - spread)) / (2 * spread)))
+        else:
+            total += 0.5 * (1.0 + math.erf((elapsed - mean) / (sd * math.sqrt(2.0))))
+        k += 1
+
+
 def due_estimate(first: Sequence[FirstCert], end: float) -> dict[str, Any]:
-    renewals = 0
+    expected = 0.0
+    floor = 0
     periods = []
     for cert in first:
         lifetime = cert.not_after - cert.not_before
         period = lifetime * lifetime_fraction(lifetime)
         periods.append(period)
-        renewals += max(0, math.floor((end - cert.not_before) / period))
+        elapsed = end - cert.not_before
+        expected += expected_renewals(elapsed, period, RENEW_JITTER * lifetime)
+        floor += max(0, math.floor(elapsed / period))
+    renewals = round(expected)
     return {
         "issuances": len(first),
         "renewals_due_estimate": renewals,
+        "renewals_due_floor": floor,
         "orders_expected": len(first) + renewals,
         "renewal_period_s": round(sum(periods) / len(periods), 1) if periods else None,
     }

@@ -92,8 +92,9 @@ def markdown(result: dict[str, Any]) -> str:
         "## Renewal",
         "",
         f"{ren['orders']} orders at pebble for {ren['orders_expected']} expected"
-        f" ({ren['issuances']} issuances + {ren['renewals_due_estimate']} renewals due, one every"
-        f" {ren['renewal_period_s']} s per name): ratio {ren['orders_over_expected']}."
+        f" ({ren['issuances']} issuances + {ren['renewals_due_estimate']} renewals due under the"
+        f" jittered schedule, one every {ren['renewal_period_s']} s per name; floor()"
+        f" {ren.get('renewals_due_floor')}): ratio {ren['orders_over_expected']}."
         f" Overdue at the end (grace {ren['overdue_at_end']['grace_s']} s):"
         f" {ren['overdue_at_end']['overdue']}, expired while scheduled"
         f" {ren['overdue_at_end']['expired']}. Agent warnings: {ren['log_warnings']}.",
