@@ -52,8 +52,18 @@ def test_short_soak_with_a_kill_and_a_ca_outage_serves_nothing_expired(tmp_path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     checks = result["verdict"]["checks"]
+    bad = result["handshakes"]["bad_examples"]
     detail = json.dumps(
-        {"checks": checks, "bad": result["handshakes"]["bad_examples"][:10]}, indent=1
+        {
+            "checks": checks,
+            "errors": result["errors"],
+            "faults_done": result["faults_done"],
+            "disruptions": result["disruptions"],
+            "bad_outside_agent_down": [b for b in bad if b["during"] != "agent_down"][:10],
+            "behind_at_end": result["renewal"]["overdue_at_end"],
+            "log_warnings": result["renewal"]["log_warnings"],
+        },
+        indent=1,
     )
     assert result["errors"] == [], detail
     assert result["warmup"]["missing"] == 0, detail
