@@ -33,6 +33,7 @@ from certagent.testing.pebble import Pebble
 
 #: the agent's default renew_jitter (the soak runs the defaults)
 RENEW_JITTER = Settings.renew_jitter
+ENSURE_KEYS = ("requests", "loaded", "busy", "busy_by_reason", "unknown", "errors", "reloads")
 OVERDUE_GRACE_SHARE = 0.1
 OVERDUE_GRACE_MIN = 15.0  # s: a renew_tick (10 s) and an order
 LISTED = 20
@@ -87,7 +88,8 @@ def due_estimate(first: Sequence[FirstCert], end: float) -> dict[str, Any]:
 
 
 def agent_status(stacks: Sequence[Stack]) -> list[dict[str, Any]]:
-    """Each node's ``status`` renewal section (whatever keys it has), or the error."""
+    """Each node's ``status`` renewal section (whatever keys it has) and its first-connection
+    counters (fallbacks by reason), or the error."""
     out: list[dict[str, Any]] = []
     for i, stack in enumerate(stacks):
         try:
@@ -96,7 +98,15 @@ def agent_status(stacks: Sequence[Stack]) -> list[dict[str, Any]]:
             out.append({"node": i, "error": f"{type(exc).__name__}: {exc}"})
             continue
         issuance = status.get("issuance") or {}
-        out.append({"node": i, "renewal": issuance.get("renewal")})
+        ensure = status.get("ensure") or {}
+        out.append(
+            {
+                "node": i,
+                "renewal": issuance.get("renewal"),
+                # why first connections got the fallback, since this agent's last start
+                "ensure": {k: ensure.get(k) for k in ENSURE_KEYS},
+            }
+        )
     return out
 
 
