@@ -21,7 +21,7 @@ from certagent.service.renewer import Renewer
 from certagent.store.renewals import DueRenewal
 from certagent.testing.certs import issue
 from tests.memstore import MemoryStore
-from tests.unit.service.test_renewer import T0, Clock, FakeCa, make_node, make_store
+from tests.unit.service.test_renewer import T0, Clock, FakeCa, Node, make_node, make_store
 
 #: longer than any test here: a renewal that waited for the tick would time the test out
 LONG_TICK = 3600.0
@@ -52,6 +52,18 @@ def tune(renewer: Renewer, **changes: object) -> None:
     renewer.settings = dataclasses.replace(renewer.settings, tick=LONG_TICK, **changes)  # type: ignore[arg-type]
 
 
+def one_node(
+    monkeypatch: pytest.MonkeyPatch, ca: FakeCa | None = None, **changes: object
+) -> tuple[Clock, MemoryStore, FakeCa, Node]:
+    """A store, a CA and a node whose renewer has a one-hour tick and ``changes``."""
+    clock = ca.clock if ca is not None else Clock()
+    store = make_store(clock)
+    ca = ca or FakeCa(clock)
+    node = make_node(store, ca, monkeypatch)
+    tune(node.renewer, **changes)
+    return clock, store, ca, node
+
+
 async def run_until(renewer: Renewer, done: object) -> None:
     """Run the renewer's loop until ``done()`` holds (OUTCOME s at most), then stop it."""
     stop = asyncio.Event()
@@ -70,11 +82,7 @@ async def test_due_renewals_run_back_to_back_not_one_batch_per_tick(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """12 due names, 2 at once, a one-hour tick: all renewed within seconds."""
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    tune(node.renewer, concurrency=2, late_concurrency=2)
+    clock, store, ca, node = one_node(monkeypatch, concurrency=2, late_concurrency=2)
     names = [f"n{i}.renew.test" for i in range(12)]
     for name in names:
         await issued_at(store, ca, name, 3000.0, 1500.0)
@@ -88,11 +96,7 @@ async def test_due_renewals_run_back_to_back_not_one_batch_per_tick(
 
 async def test_the_most_urgent_renews_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """Due together, one at a time: earliest expiry first, whatever the renewal times."""
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    tune(node.renewer, concurrency=1, late_concurrency=1)
+    clock, store, ca, node = one_node(monkeypatch, concurrency=1, late_concurrency=1)
     # renewal times in the opposite order of the expiries
     for name, lifetime, renew_after in (
         ("late.renew.test", 9000.0, 100.0),
@@ -109,11 +113,7 @@ async def test_the_most_urgent_renews_first(monkeypatch: pytest.MonkeyPatch) -> 
 async def test_late_renewals_raise_the_concurrency_to_the_late_ceiling(
     monkeypatch: pytest.MonkeyPatch, waited: float, late: bool
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    tune(node.renewer, concurrency=2, late_concurrency=5)
+    clock, store, ca, node = one_node(monkeypatch, concurrency=2, late_concurrency=5)
     for i in range(8):
         await issued_at(store, ca, f"n{i}.renew.test", 86400.0, 3600.0)
     clock.now += 3600 + waited
@@ -128,11 +128,8 @@ async def test_a_short_certificate_takes_a_short_lease_and_a_short_backoff(
 ) -> None:
     """300 s certificate at half its life: a 25 s lease, the issuer's backoff capped at
     1/8 of the 150 s left (not the issuer's 80 s), the retry planned within it."""
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock, lifetime=300.0, fail=[CaUnavailable("down")] * 4)
-    node = make_node(store, ca, monkeypatch)
-    tune(node.renewer)
+    failing = FakeCa(Clock(), lifetime=300.0, fail=[CaUnavailable("down")] * 4)
+    clock, store, ca, node = one_node(monkeypatch, failing)
     # the settings' lease: a 60 s order timeout's 75 s
     node.issuer.settings = dataclasses.replace(node.issuer.settings, order_timeout=60.0)
     name = "short.renew.test"
@@ -171,11 +168,7 @@ async def test_a_short_certificate_takes_a_short_lease_and_a_short_backoff(
 async def test_status_shows_the_backlog_and_the_time_to_clear_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    tune(node.renewer, concurrency=1, late_concurrency=1)
+    clock, store, ca, node = one_node(monkeypatch, concurrency=1, late_concurrency=1)
     for i in range(4):
         await issued_at(store, ca, f"n{i}.renew.test", 86400.0, 3600.0)
     clock.now = T0 + 3601
@@ -196,11 +189,7 @@ async def test_status_shows_the_backlog_and_the_time_to_clear_it(
 async def test_status_text_says_the_pace_and_the_backlog(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    ca = FakeCa(clock)
-    node = make_node(store, ca, monkeypatch)
-    tune(node.renewer, concurrency=1, late_concurrency=3)
+    clock, store, ca, node = one_node(monkeypatch, concurrency=1, late_concurrency=3)
     for i in range(5):
         await issued_at(store, ca, f"n{i}.renew.test", 86400.0, 3600.0)
     clock.now = T0 + 4200  # due for 600 s: late, so 3 start at once
@@ -217,11 +206,9 @@ async def test_status_text_says_the_pace_and_the_backlog(
 async def test_status_with_the_fleet_pace_clears_at_the_fleet_pace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = Clock()
-    store = make_store(clock)
-    node = make_node(store, FakeCa(clock), monkeypatch)
+    clock, store, ca, node = one_node(monkeypatch)
     for i in range(6):
-        await issued_at(store, FakeCa(clock), f"n{i}.renew.test", 86400.0, 3600.0)
+        await issued_at(store, ca, f"n{i}.renew.test", 86400.0, 3600.0)
     clock.now = T0 + 3601
     status = await node.renewer.status(fleet=(0.5, 2))  # two nodes, one renewal every 2 s
     assert status["fleet_pace"] == 0.5 and status["fleet_renewing_nodes"] == 2
