@@ -67,6 +67,7 @@ HEAVY = {
     "test_bench_million",
     "test_bench_renewal",
     "test_bench_smoke",
+    "test_bench_soak",
     "test_datakeys",
     "test_demo",
     "test_failover",
