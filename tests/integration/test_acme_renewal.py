@@ -211,7 +211,7 @@ def test_each_certificate_is_renewed_once_and_swapped_on_every_node_without_a_bl
             rn: dict[str, Any] = nodes[0].status()["issuance"]["renewal"]
             return rn if rn["fleet_pace"] > 0 and rn["fleet_renewing_nodes"] == 3 else None
 
-        rn = wait_for(fleet_pace, 30, "the fleet's pace from the nodes' beats")
+        rn = wait_for(fleet_pace, 60, "the fleet's pace from the nodes' beats")
         assert rn["backlog"] == 0 and rn["fleet_clear_seconds"] == 0.0
         shown = nodes[0].cli("status").stdout
         assert "renewals a minute here" in shown and "renewing node(s)" in shown, shown

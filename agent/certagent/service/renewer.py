@@ -6,8 +6,9 @@ O(due), never a scan) and starts renewals, most urgent first (earliest expiry),
 up to ``renew_concurrency`` at once on this node; whenever one ends, the schedule
 is read again and the freed place filled at once, so a node renews as fast as its
 renewals complete.  Only when nothing is due (or nothing more can start) does it
-wait, ``renew_tick`` seconds at most: at rest that read is the only store command
-per tick.  When renewals are late (a due entry waited past a tenth of its margin
+wait: until the next entry comes due when the read (which looks ``renew_tick``
+ahead) saw one, ``renew_tick`` seconds at most; at rest that read is the only store
+command per tick.  When renewals are late (a due entry waited past a tenth of its margin
 to expiry, a minute at most), the node raises its concurrency to the fleet's
 order slots (``acme_concurrency``): the pace rises to the budget, which is shared
 by every node that renews (the fleet's open-order cap, its issuance budget with
@@ -92,6 +93,8 @@ LATE_SHARE = 0.1
 LATE_AFTER = 60.0
 #: A renewal waiting for a fleet order slot is looked at again after this (s), at least.
 WAIT_FLOOR = 1.0
+#: The loop never wakes sooner than this (s) for an entry coming due.
+WAKE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ class Renewer:
         self._busy = False  # the last read left due entries unstarted for want of room
         self._late = False  # the last read found renewals late
         self._renewed: deque[float] = deque()  # when renewals ended well, PACE_WINDOW back
+        self._next_due: float | None = None  # the next entry due within a tick (last read)
         self._began = clock()
 
     @property
@@ -188,8 +192,9 @@ class Renewer:
         """Fill free places with due renewals until ``stop`` (module docstring).
 
         After a read that started everything it could, the loop waits for a renewal
-        to end (its place is then filled at once) or ``tick`` seconds, whichever
-        comes first; store errors are logged and the read retried after ``tick``.
+        to end (its place is then filled at once), the next entry to come due, or
+        ``tick`` seconds, whichever comes first; store errors are logged and the read
+        retried after ``tick``.
         """
         while not stop.is_set():
             self._freed.clear()
@@ -202,7 +207,14 @@ class Renewer:
                     self.settings.tick,
                 )
                 self._busy = False
-            await self._wait(stop, self.settings.tick)
+                self._next_due = None
+            await self._wait(stop, self._idle_wait())
+
+    def _idle_wait(self) -> float:
+        """``tick``, or less when the last read saw an entry come due within it."""
+        if self._next_due is None:
+            return self.settings.tick
+        return min(self.settings.tick, max(WAKE_FLOOR, self._next_due - self._clock()))
 
     async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
         """Until ``stop``, a renewal ends (when one is running), or ``timeout``."""
@@ -233,8 +245,13 @@ class Renewer:
         now = self._clock()
         if self.settings.concurrency - len(self._running) <= 0 and not self._late:
             self._busy = True
+            self._next_due = None
             return 0
-        due = await self.renewals.due(now, self.settings.batch)
+        # one read also looks a tick ahead: the loop then wakes when the next entry is due
+        read = await self.renewals.due(now + self.settings.tick, self.settings.batch)
+        due = [entry for entry in read if entry.renew_at <= now]
+        ahead = [entry.renew_at for entry in read if entry.renew_at > now]
+        self._next_due = min(ahead) if ahead else None
         self.counters.due_seen += len(due)
         self._late = any(_late(entry, now) for entry in due)
         self.counters.late_reads += self._late

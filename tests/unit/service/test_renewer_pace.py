@@ -215,3 +215,24 @@ async def test_status_with_the_fleet_pace_clears_at_the_fleet_pace(
     assert status["fleet_clear_seconds"] == 12.0 and status["clear_seconds"] is None
     assert (await node.renewer.status(fleet=(0.0, 0)))["fleet_clear_seconds"] is None
     assert "fleet_pace" not in await node.renewer.status()  # no board asked
+
+
+async def test_the_loop_wakes_when_the_next_entry_comes_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing due, a one-hour tick, an entry due in half a second: renewed then, not an
+    hour later (a read looks a tick ahead), and without polling meanwhile."""
+    clock, store, ca, node = one_node(monkeypatch)
+    await issued_at(store, ca, "soon.renew.test", 3000.0, 0.5)
+
+    async def time_passes() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            clock.now += 0.05
+
+    ticker = asyncio.create_task(time_passes())
+    try:
+        await run_until(node.renewer, lambda: ca.orders == ["soon.renew.test"])
+    finally:
+        ticker.cancel()
+    assert node.renewer.counters.ticks <= 5, node.renewer.counters
