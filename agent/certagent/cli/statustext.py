@@ -118,11 +118,11 @@ def _until(when: float | None) -> str:
     return f"{left // 3600}h{left % 3600 // 60:02d}m"
 
 
-def _clearing(backlog: int, clear_seconds: float | None, where: str = "here") -> str:
+def _clearing(backlog: int, clear_seconds: float | None, renewed_by: str = "here") -> str:
     if not backlog:
         return "nothing to clear"
     if clear_seconds is None:
-        return f"nothing renewed {'by ' if where != 'here' else ''}{where} in the last 5 min"
+        return f"nothing renewed {renewed_by} in the last 5 min"
     return f"cleared in {clear_seconds:.0f} s at this pace"
 
 
@@ -149,7 +149,7 @@ def _print_renewal(rn: dict[str, Any] | None) -> None:
         print(
             f"    fleet      {rn['fleet_pace'] * 60:.1f} renewals a minute on"
             f" {rn['fleet_renewing_nodes']} renewing node(s);"
-            f" {_clearing(rn['backlog'], rn['fleet_clear_seconds'], 'the fleet')}"
+            f" {_clearing(rn['backlog'], rn['fleet_clear_seconds'], 'by the fleet')}"
         )
     for entry in rn["overdue_names"]:
         print(
